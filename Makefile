@@ -1,0 +1,17 @@
+# The two commands a new user needs. Both set up .venv themselves (idempotent).
+.PHONY: demo test venv lint down
+
+venv:
+	@bash scripts/bootstrap.sh
+
+demo: venv
+	@.venv/bin/python -m agentlake demo
+
+test: venv
+	@bash scripts/test.sh
+
+lint: venv
+	@.venv/bin/ruff check .
+
+down: venv
+	@.venv/bin/agentlake down

@@ -1,0 +1,1 @@
+"""The local stack: broker, collector, gateway, Dagster and vLLM as managed processes."""

@@ -1,0 +1,93 @@
+"""Span attribute names: the ``agentlake.*`` keys we write and the foreign keys we read.
+
+This module is the only place attribute names are spelled. It imports nothing.
+"""
+
+from __future__ import annotations
+
+# --- span names we write -------------------------------------------------------------------
+REWARD_SPAN_NAME = "agentlake.reward"
+ROLLOUT_SPAN_NAME = "agentlake.rollout"
+LLM_CALL_SPAN_NAME = "agentlake.llm.call"
+
+# --- agentlake.* keys (resource or span) ---------------------------------------------------
+ROLLOUT_ID = "agentlake.rollout.id"
+ATTEMPT_ID = "agentlake.attempt.id"
+TASK_ID = "agentlake.task.id"
+AGENT_NAME = "agentlake.agent.name"
+TENANT = "agentlake.tenant"
+ROLLOUT_STATUS = "agentlake.rollout.status"  # "finished" | "failed" | "running"
+
+REWARD_VALUE = "agentlake.reward.value"
+REWARD_NAME = "agentlake.reward.name"
+PRIMARY_REWARD_NAME = "primary"
+
+LLM_PROMPT_TOKEN_IDS = "agentlake.llm.prompt_token_ids"
+LLM_COMPLETION_TOKEN_IDS = "agentlake.llm.completion_token_ids"
+LLM_COMPLETION_LOGPROBS = "agentlake.llm.completion_logprobs"
+LLM_RESPONSE_ID = "agentlake.llm.response_id"
+LLM_POLICY_VERSION = "agentlake.llm.policy_version"
+LLM_SERVED_MODEL = "agentlake.llm.served_model"
+LLM_ADAPTER = "agentlake.llm.adapter"
+LLM_UPSTREAM = "agentlake.llm.upstream"
+LLM_LATENCY_MS = "agentlake.llm.latency_ms"
+LLM_STREAMED = "agentlake.llm.streamed"
+
+# --- OpenTelemetry GenAI semantic conventions (new names, then older ones we still read) ---
+GEN_AI_SYSTEM = "gen_ai.system"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_AGENT_ID = "gen_ai.agent.id"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+# older (pre-1.37) names: flattened prompt/completion and usage
+GEN_AI_USAGE_PROMPT_TOKENS_OLD = "gen_ai.usage.prompt_tokens"
+GEN_AI_USAGE_COMPLETION_TOKENS_OLD = "gen_ai.usage.completion_tokens"
+GEN_AI_PROMPT_PREFIX_OLD = "gen_ai.prompt."  # gen_ai.prompt.{i}.role / .content
+GEN_AI_COMPLETION_PREFIX_OLD = "gen_ai.completion."  # gen_ai.completion.{i}.role / .content
+
+# --- OpenInference ---------------------------------------------------------------------------
+OI_SPAN_KIND = "openinference.span.kind"  # "LLM", "AGENT", "TOOL", "CHAIN", ...
+OI_LLM_INPUT_MESSAGES_PREFIX = "llm.input_messages."  # llm.input_messages.{i}.message.role / .content
+OI_LLM_OUTPUT_MESSAGES_PREFIX = "llm.output_messages."
+OI_MESSAGE_ROLE_SUFFIX = "message.role"
+OI_MESSAGE_CONTENT_SUFFIX = "message.content"
+OI_LLM_MODEL_NAME = "llm.model_name"
+OI_LLM_TOKEN_COUNT_PROMPT = "llm.token_count.prompt"
+OI_LLM_TOKEN_COUNT_COMPLETION = "llm.token_count.completion"
+OI_AGENT_NAME = "agent.name"
+OI_SESSION_ID = "session.id"
+OI_INPUT_VALUE = "input.value"
+OI_OUTPUT_VALUE = "output.value"
+
+# --- Agent Lightning -------------------------------------------------------------------------
+AGL_REWARD_SPAN_NAME = "agentlightning.annotation"
+AGL_REWARD_PREFIX = "agentlightning.reward"  # agentlightning.reward.{i}.name / .value
+AGL_ROLLOUT_ID = "agentlightning.rollout_id"
+AGL_ATTEMPT_ID = "agentlightning.attempt_id"
+AGL_PROMPT_TOKEN_IDS = "prompt_token_ids"  # written by Agent Lightning's LLM proxy
+AGL_RESPONSE_TOKEN_IDS = "response_token_ids"
+AGL_OPERATION = "agentlightning.operation"
+
+# --- OTel resource -----------------------------------------------------------------------------
+SERVICE_NAME = "service.name"
+
+# --- fallbacks, in the order they are tried ----------------------------------------------------
+AGENT_NAME_KEYS: tuple[str, ...] = (AGENT_NAME, GEN_AI_AGENT_NAME, OI_AGENT_NAME)
+ROLLOUT_ID_KEYS: tuple[str, ...] = (ROLLOUT_ID, AGL_ROLLOUT_ID)
+ATTEMPT_ID_KEYS: tuple[str, ...] = (ATTEMPT_ID, AGL_ATTEMPT_ID)
+PROMPT_TOKEN_IDS_KEYS: tuple[str, ...] = (LLM_PROMPT_TOKEN_IDS, AGL_PROMPT_TOKEN_IDS)
+COMPLETION_TOKEN_IDS_KEYS: tuple[str, ...] = (LLM_COMPLETION_TOKEN_IDS, AGL_RESPONSE_TOKEN_IDS)
+RESPONSE_ID_KEYS: tuple[str, ...] = (LLM_RESPONSE_ID, GEN_AI_RESPONSE_ID)
+MODEL_KEYS: tuple[str, ...] = (LLM_SERVED_MODEL, GEN_AI_RESPONSE_MODEL, GEN_AI_REQUEST_MODEL, OI_LLM_MODEL_NAME)

@@ -1,0 +1,259 @@
+"""Settings: one object read from ``agentlake.toml`` and environment variables.
+
+Precedence, lowest first: defaults, ``agentlake.toml`` (in the working directory, or the file
+named by ``AGENTLAKE_CONFIG``), then environment variables. Environment variables are
+``AGENTLAKE_<SECTION>__<KEY>`` (``AGENTLAKE_COLLECTOR__HTTP_PORT=4318``), plus a few
+conventional short names (``AGENTLAKE_LAKE``, ``KAFKA_BOOTSTRAP_SERVERS``, ``AGENTLAKE_STATE_DIR``).
+Unknown keys and bad values raise ``ConfigError`` naming the key and the source it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from schemas import topics
+from schemas.errors import ConfigError
+
+ENV_PREFIX = "AGENTLAKE_"
+CONFIG_FILE_ENV = "AGENTLAKE_CONFIG"
+DEFAULT_CONFIG_FILE = "agentlake.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class StateSettings(_Section):
+    """Where the local stack keeps pid files, logs and caches."""
+
+    dir: Path = Path(".agentlake")
+
+
+class LakeSettings(_Section):
+    root: str = ".agentlake/lake"  # a path or an object-store URI (s3://, gs://, az://, ...)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str = ""  # empty: start and use the local Tansu broker
+    spans_topic: str = topics.SPANS_TOPIC
+    rewards_topic: str = topics.REWARDS_TOPIC
+    models_topic: str = topics.MODELS_TOPIC
+    partitions: int = Field(4, ge=1, le=1024)
+    local_broker_port: int = Field(0, ge=0, le=65535)  # 0: pick a free port
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+
+    @property
+    def external(self) -> bool:
+        """True when a user-managed Kafka is configured and no local broker should start."""
+        return bool(self.bootstrap_servers.strip())
+
+
+class CollectorSettings(_Section):
+    host: str = "127.0.0.1"
+    http_port: int = Field(4318, ge=0, le=65535)
+    grpc_port: int = Field(4317, ge=0, le=65535)
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    require_auth: bool = False
+    auth_tokens: dict[str, str] = Field(default_factory=dict)  # bearer token -> tenant
+    produce_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("auth_tokens")
+    @classmethod
+    def _tokens_non_empty(cls, v: dict[str, str]) -> dict[str, str]:
+        for token, tenant in v.items():
+            if not token or not tenant:
+                raise ValueError("tokens and tenants must be non-empty strings")
+        return v
+
+
+class GatewaySettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(4000, ge=0, le=65535)
+    upstreams: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    request_timeout_s: float = Field(600.0, gt=0)
+
+
+class ModelSettings(_Section):
+    base: str = "smollm2-135m"  # a name `agentlake model pull` knows, or a local HF folder
+    cache_dir: Path = Path(".agentlake/models")
+    served_name: str = "agentlake-policy"
+
+
+class VllmSettings(_Section):
+    enabled: bool = False  # `agentlake up` starts vLLM only when asked
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    venv: Path = Path(".venv-vllm")
+    extra_args: list[str] = Field(default_factory=list)
+    max_model_len: int = Field(2048, ge=64)
+    max_lora_rank: int = Field(16, ge=1)
+    startup_timeout_s: float = Field(600.0, gt=0)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class DagsterSettings(_Section):
+    home: Path = Path("dagster_home")
+    host: str = "127.0.0.1"
+    port: int = Field(3000, ge=0, le=65535)
+
+
+class TrainerSettings(_Section):
+    algorithm: Literal["grpo", "ppo", "reinforce"] = "grpo"
+    finetune: Literal["lora", "full"] = "lora"
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    learning_rate: float = Field(1e-4, gt=0)
+    batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    epochs: int = Field(1, ge=1)
+    max_seq_len: int = Field(1024, ge=16)
+    clip_eps: float = Field(0.2, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    seed: int = 0
+    min_new_transitions: int = Field(64, ge=1)
+    schedule: str = "0 * * * *"
+
+
+class CreditSettings(_Section):
+    mode: Literal["identical", "discounted", "per_step", "last_only"] = "identical"
+    gamma: float = Field(1.0, ge=0, le=1)
+    advantage: Literal["grpo", "rloo", "running_baseline", "none"] = "grpo"
+    normalize_std: bool = True
+    agent_pattern: str = "*"
+    merge_calls: bool = False
+    max_tokens: int = Field(4096, ge=1)
+    idle_timeout_s: float = Field(300.0, gt=0)
+
+
+class Settings(_Section):
+    state: StateSettings = Field(default_factory=StateSettings)
+    lake: LakeSettings = Field(default_factory=LakeSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    collector: CollectorSettings = Field(default_factory=CollectorSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
+    dagster: DagsterSettings = Field(default_factory=DagsterSettings)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    credit: CreditSettings = Field(default_factory=CreditSettings)
+
+
+# Conventional short names -> (section, key).
+ENV_ALIASES: dict[str, tuple[str, str]] = {
+    "AGENTLAKE_LAKE": ("lake", "root"),
+    "KAFKA_BOOTSTRAP_SERVERS": ("kafka", "bootstrap_servers"),
+    "AGENTLAKE_STATE_DIR": ("state", "dir"),
+}
+_NOT_SETTINGS = {CONFIG_FILE_ENV}
+
+
+def _env_value(raw: str, annotation: Any) -> Any:
+    """Env values are strings; JSON lets lists and dicts through (``'["a","b"]'``)."""
+    text = raw.strip()
+    if text[:1] in "[{":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    sections = Settings.model_fields
+    out: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if name in ENV_ALIASES:
+            section, key = ENV_ALIASES[name]
+        elif name.startswith(ENV_PREFIX) and name not in _NOT_SETTINGS:
+            rest = name[len(ENV_PREFIX) :].lower()
+            if "__" not in rest:
+                raise ConfigError(
+                    f"environment variable {name}: unknown setting; use AGENTLAKE_<SECTION>__<KEY>, "
+                    f"sections: {', '.join(sections)}"
+                )
+            section, key = rest.split("__", 1)
+            if section not in sections:
+                raise ConfigError(
+                    f"environment variable {name}: unknown section {section!r}; "
+                    f"expected one of {', '.join(sections)}"
+                )
+        else:
+            continue
+        out.setdefault(section, {})[key] = _env_value(raw, None)
+    return out
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, Mapping) and isinstance(merged.get(k), Mapping):
+            merged[k] = {**merged[k], **v}
+        else:
+            merged[k] = v
+    return merged
+
+
+def _format(err: ValidationError, sources: Mapping[str, str]) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        src = sources.get(key) or sources.get(key.split(".")[0], "defaults")
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        shown = "" if e["type"] == "extra_forbidden" else f" (got {e.get('input')!r})"
+        lines.append(f"{key}: {msg}{shown} [from {src}]")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Settings:
+    """Read settings from defaults, the TOML file, the environment, then ``overrides``."""
+    environ = os.environ if environ is None else environ
+    sources: dict[str, str] = {}
+    data: dict[str, Any] = {}
+
+    explicit = path is not None or CONFIG_FILE_ENV in environ
+    file = Path(path if path is not None else environ.get(CONFIG_FILE_ENV, DEFAULT_CONFIG_FILE))
+    if file.exists():
+        try:
+            data = tomllib.loads(file.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
+        for section, values in data.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{file}: {section!r} must be a [table] of settings, got {values!r}")
+            for key in values:
+                sources[f"{section}.{key}"] = str(file)
+    elif explicit:
+        raise ConfigError(f"config file {file} does not exist")
+
+    env = _env_overrides(environ)
+    for section, values in env.items():
+        for key in values:
+            alias = next((n for n, sk in ENV_ALIASES.items() if sk == (section, key) and n in environ), None)
+            sources[f"{section}.{key}"] = f"${alias or f'{ENV_PREFIX}{section.upper()}__{key.upper()}'}"
+    data = _merge(data, env)
+    if overrides:
+        data = _merge(data, {k: dict(v) for k, v in overrides.items()})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, sources)) from exc

@@ -1,0 +1,272 @@
+"""Arrow schemas of every Delta table and Kafka JSON value, each carrying its version.
+
+The version travels in the schema metadata (``agentlake.schema.version``) and in the Kafka
+header ``agentlake-schema-version``; bump it when a column changes meaning or type.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION_KEY = b"agentlake.schema.version"
+SCHEMA_NAME_KEY = b"agentlake.schema.name"
+
+_ts = pa.timestamp("us", tz="UTC")
+
+
+def _versioned(name: str, version: int, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={SCHEMA_NAME_KEY: name.encode(), SCHEMA_VERSION_KEY: str(version).encode()})
+
+
+def schema_version(schema: pa.Schema) -> int:
+    """The version stamped on one of our schemas."""
+    return int((schema.metadata or {})[SCHEMA_VERSION_KEY])
+
+
+_kafka_origin = [
+    pa.field("kafka_topic", pa.string()),
+    pa.field("kafka_partition", pa.int32()),
+    pa.field("kafka_offset", pa.int64()),
+]
+
+# --- bronze ------------------------------------------------------------------------------------
+SPANS = _versioned(
+    "spans",
+    1,
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("trace_id", pa.string(), nullable=False),  # 32 lowercase hex digits
+        pa.field("span_id", pa.string(), nullable=False),  # 16 lowercase hex digits
+        pa.field("parent_span_id", pa.string()),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("kind", pa.string()),  # INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER
+        pa.field("start_time", _ts, nullable=False),
+        pa.field("end_time", _ts),
+        pa.field("status_code", pa.string()),  # UNSET, OK, ERROR
+        pa.field("status_message", pa.string()),
+        pa.field("service_name", pa.string()),
+        # identity, resolved with the fallbacks in schemas.attributes
+        pa.field("rollout_id", pa.string(), nullable=False),  # agentlake.rollout.id, else trace id
+        pa.field("attempt_id", pa.string()),
+        pa.field("task_id", pa.string()),
+        pa.field("agent_name", pa.string()),
+        # LLM call
+        pa.field("llm_response_id", pa.string()),
+        pa.field("llm_model", pa.string()),
+        pa.field("policy_version", pa.string()),
+        pa.field("prompt_token_ids", pa.list_(pa.int32())),
+        pa.field("completion_token_ids", pa.list_(pa.int32())),
+        pa.field("completion_logprobs", pa.list_(pa.float32())),
+        pa.field("input_messages", pa.string()),  # JSON list of {role, content}
+        pa.field("output_messages", pa.string()),  # JSON list of {role, content}
+        # reward span
+        pa.field("reward_value", pa.float64()),
+        pa.field("reward_name", pa.string()),
+        # everything else, as JSON objects
+        pa.field("attributes", pa.string()),
+        pa.field("resource_attributes", pa.string()),
+        pa.field("received_at", _ts),
+        *_kafka_origin,
+        pa.field("day", pa.date32(), nullable=False),  # partition column, from start_time
+    ],
+)
+
+REWARDS = _versioned(
+    "rewards",
+    1,
+    [
+        pa.field("reward_id", pa.string(), nullable=False),  # span id, or event id, or topic:partition:offset
+        pa.field("source", pa.string(), nullable=False),  # "span" | "event"
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("rollout_id", pa.string()),  # resolved rollout; null while unresolved
+        pa.field("attempt_id", pa.string()),
+        pa.field("trace_id", pa.string()),
+        pa.field("llm_response_id", pa.string()),
+        pa.field("span_id", pa.string()),  # the reward span, for per-step placement
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("event_time", _ts, nullable=False),
+        *_kafka_origin,
+        pa.field("day", pa.date32(), nullable=False),
+    ],
+)
+
+QUARANTINE = _versioned(
+    "quarantine",
+    1,
+    [
+        *_kafka_origin,
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", pa.string()),  # JSON object
+        pa.field("error", pa.string(), nullable=False),
+        pa.field("quarantined_at", _ts, nullable=False),
+    ],
+)
+
+# --- silver ------------------------------------------------------------------------------------
+LLM_CALL = pa.struct(
+    [
+        pa.field("span_id", pa.string()),
+        pa.field("step", pa.int32()),
+        pa.field("agent_name", pa.string()),
+        pa.field("start_time", _ts),
+        pa.field("end_time", _ts),
+        pa.field("llm_response_id", pa.string()),
+        pa.field("llm_model", pa.string()),
+        pa.field("policy_version", pa.string()),
+        pa.field("prompt_token_ids", pa.list_(pa.int32())),
+        pa.field("completion_token_ids", pa.list_(pa.int32())),
+        pa.field("completion_logprobs", pa.list_(pa.float32())),
+        pa.field("input_messages", pa.string()),
+        pa.field("output_messages", pa.string()),
+    ]
+)
+
+REWARD_ENTRY = pa.struct(
+    [
+        pa.field("reward_id", pa.string()),
+        pa.field("name", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("source", pa.string()),
+        pa.field("span_id", pa.string()),
+        pa.field("event_time", _ts),
+    ]
+)
+
+TRAJECTORIES = _versioned(
+    "trajectories",
+    1,
+    [
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("attempt_id", pa.string()),
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("task_id", pa.string()),
+        pa.field("trace_ids", pa.list_(pa.string())),
+        pa.field("status", pa.string(), nullable=False),  # running | finished | failed | timed_out
+        pa.field("agents", pa.list_(pa.string())),
+        pa.field("n_spans", pa.int32()),
+        pa.field("n_llm_calls", pa.int32()),
+        pa.field("n_repaired_parents", pa.int32()),  # spans re-attached to the virtual root
+        pa.field("start_time", _ts),
+        pa.field("end_time", _ts),
+        pa.field("calls", pa.list_(LLM_CALL)),  # in order of start time
+        pa.field("rewards", pa.list_(REWARD_ENTRY)),
+        pa.field("final_reward", pa.float64()),  # the reward named "primary", else the first
+        pa.field("policy_versions", pa.list_(pa.string())),
+        pa.field("updated_at", _ts, nullable=False),
+        pa.field("day", pa.date32(), nullable=False),
+    ],
+)
+
+# --- gold --------------------------------------------------------------------------------------
+TRANSITIONS = _versioned(
+    "transitions",
+    1,
+    [
+        pa.field("transition_id", pa.string(), nullable=False),  # rollout_id/attempt_id/step
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("attempt_id", pa.string()),
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("task_id", pa.string()),
+        pa.field("group_id", pa.string(), nullable=False),  # normalization group (the task, else rollout)
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("agent_name", pa.string()),
+        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("response_logprobs", pa.list_(pa.float32())),  # behaviour logprobs; null if unknown
+        pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),  # per response token; 0 = observation
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("return", pa.float64(), nullable=False),
+        pa.field("advantage", pa.float64(), nullable=False),
+        pa.field("policy_version", pa.string()),
+        pa.field("llm_model", pa.string()),
+        pa.field("token_source", pa.string(), nullable=False),  # "exact" | "retokenized"
+        pa.field("credit_mode", pa.string(), nullable=False),
+        pa.field("advantage_mode", pa.string(), nullable=False),
+        pa.field("merged_calls", pa.int32(), nullable=False),
+        pa.field("created_at", _ts, nullable=False),
+        pa.field("day", pa.date32(), nullable=False),
+    ],
+)
+
+MODEL_VERSIONS = _versioned(
+    "model_versions",
+    1,
+    [
+        pa.field("version", pa.string(), nullable=False),  # "v0001", ...
+        pa.field("version_number", pa.int64(), nullable=False),
+        pa.field("parent_version", pa.string()),
+        pa.field("base_model", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),  # "lora" | "full"
+        pa.field("path", pa.string(), nullable=False),  # adapter or weights folder
+        pa.field("served_name", pa.string()),
+        pa.field("train_table", pa.string()),
+        pa.field("train_version_start", pa.int64()),
+        pa.field("train_version_end", pa.int64()),
+        pa.field("n_transitions", pa.int64()),
+        pa.field("config", pa.string()),  # JSON
+        pa.field("metrics", pa.string()),  # JSON
+        pa.field("publish_status", pa.string(), nullable=False),  # pending|published|failed|rejected|rolled_back
+        pa.field("publish_error", pa.string()),
+        pa.field("created_at", _ts, nullable=False),
+        pa.field("published_at", _ts),
+    ],
+)
+
+# --- Kafka JSON values -------------------------------------------------------------------------
+REWARD_EVENT = _versioned(
+    "reward_event",
+    1,
+    [
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("name", pa.string()),  # default "primary"
+        # at least one of these three names the rollout (checked by validate_reward_event)
+        pa.field("rollout_id", pa.string()),
+        pa.field("trace_id", pa.string()),
+        pa.field("response_id", pa.string()),
+        pa.field("attempt_id", pa.string()),
+        pa.field("event_id", pa.string()),  # idempotency key chosen by the sender
+        pa.field("timestamp", _ts),  # when the reward was decided; default: receive time
+        pa.field("tenant", pa.string()),  # set by the collector from the auth token
+    ],
+)
+
+MODEL_RELEASE_EVENT = _versioned(
+    "model_release_event",
+    1,
+    [
+        pa.field("version", pa.string(), nullable=False),
+        pa.field("served_name", pa.string(), nullable=False),
+        pa.field("base_model", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("parent_version", pa.string()),
+        pa.field("status", pa.string(), nullable=False),  # published | failed | rolled_back
+        pa.field("timestamp", _ts, nullable=False),
+        pa.field("error", pa.string()),
+    ],
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "spans": SPANS,
+    "rewards": REWARDS,
+    "trajectories": TRAJECTORIES,
+    "transitions": TRANSITIONS,
+    "model_versions": MODEL_VERSIONS,
+    "quarantine": QUARANTINE,
+}
+
+EVENTS: dict[str, pa.Schema] = {
+    "reward_event": REWARD_EVENT,
+    "model_release_event": MODEL_RELEASE_EVENT,
+}
+
+PARTITION_COLUMNS: dict[str, list[str]] = {
+    "spans": ["day"],
+    "rewards": ["day"],
+    "trajectories": ["day"],
+    "transitions": ["day"],
+    "model_versions": [],
+    "quarantine": [],
+}

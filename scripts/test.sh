@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Run the whole test suite (fast and slow) plus ruff. Used by `make test` and CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

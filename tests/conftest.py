@@ -1,0 +1,52 @@
+"""Shared fixtures: a real Kafka-protocol broker (local Tansu unless KAFKA_BOOTSTRAP_SERVERS is set)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from agentlake.stack.broker import LocalBroker, ensure_topics
+from schemas.config import KafkaSettings, Settings, load_settings
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap address of a real broker for the whole session."""
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if external:
+        yield external
+        return
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with LocalBroker(log_path=log) as broker:
+        yield broker.bootstrap
+
+
+@pytest.fixture()
+def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
+    """Kafka settings with topics unique to this test, already created."""
+    suffix = uuid.uuid4().hex[:8]
+    settings = KafkaSettings(
+        bootstrap_servers=kafka_bootstrap,
+        spans_topic=f"test.spans.{suffix}",
+        rewards_topic=f"test.rewards.{suffix}",
+        models_topic=f"test.models.{suffix}",
+        partitions=4,
+    )
+    ensure_topics(settings, kafka_bootstrap)
+    return settings
+
+
+@pytest.fixture()
+def settings(tmp_path, kafka_settings: KafkaSettings) -> Settings:
+    """Full settings pointing at a temporary lake and state folder and the test broker."""
+    return load_settings(
+        environ={},
+        overrides={
+            "state": {"dir": str(tmp_path / "state")},
+            "lake": {"root": str(tmp_path / "lake")},
+            "kafka": kafka_settings.model_dump(),
+        },
+    )
