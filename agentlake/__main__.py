@@ -1,0 +1,3 @@
+from agentlake.cli import app
+
+app()

@@ -1,0 +1,14 @@
+"""The `agentlake` command line: one typer app, commands grouped by module.
+
+Each module below adds its commands to ``app`` (or to a sub-app it owns) when imported.
+Commands stay thin: they parse options, call into the packages, and render with rich.
+"""
+
+from __future__ import annotations
+
+from agentlake.cli.app import app, console
+
+# Importing a command module registers its commands on `app`.
+from agentlake.cli import stack as _stack  # noqa: E402,F401
+
+__all__ = ["app", "console"]
