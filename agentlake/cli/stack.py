@@ -1,3 +1,56 @@
 """`agentlake up | status | down`: the local stack."""
 
 from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
+from agentlake.stack import local
+
+
+def _render(rows: list[local.PartStatus]) -> Table:
+    table = Table(title="agentlake stack")
+    for col in ("part", "address", "pid", "health", "detail"):
+        table.add_column(col)
+    for r in rows:
+        health = "[green]healthy[/]" if r.healthy else ("[red]down[/]" if r.pid or r.name == "broker" else "-")
+        table.add_row(r.name, r.address, str(r.pid or "-"), health, r.detail)
+    return table
+
+
+@app.command()
+@handle_errors
+def up(
+    vllm: bool = typer.Option(False, "--vllm", help="Also start vLLM (CPU or GPU build) and the gateway."),
+    dagster: bool = typer.Option(True, "--dagster/--no-dagster", help="Start `dagster dev`."),
+    config: str | None = ConfigOption,
+) -> None:
+    """Start the local stack and wait until every part is healthy."""
+    settings = settings_or_exit(config)
+    with console.status("starting") as spinner:
+        rows = local.up(settings, with_vllm=vllm, with_dagster=dagster,
+                        on_step=lambda part: spinner.update(f"starting {part}"))
+    console.print(_render(rows))
+    console.print(f"logs: {local.state_dir(settings) / 'logs'}   stop with: agentlake down")
+
+
+@app.command()
+@handle_errors
+def status(config: str | None = ConfigOption) -> None:
+    """Show each part of the stack, its address and health."""
+    settings = settings_or_exit(config)
+    rows = local.status(settings)
+    console.print(_render(rows))
+    started = [r for r in rows if r.pid]
+    if started and not all(r.healthy for r in started):
+        raise typer.Exit(1)
+
+
+@app.command()
+@handle_errors
+def down(config: str | None = ConfigOption) -> None:
+    """Stop exactly what `agentlake up` started."""
+    settings = settings_or_exit(config)
+    stopped = local.down(settings)
+    console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")

@@ -14,9 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.config import KafkaSettings
-
 from agentlake.stack.processes import StackError
+from schemas.config import KafkaSettings
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,0 +1,239 @@
+"""`agentlake up / status / down`: bring the local stack up in order, report it, take it down.
+
+Order: broker (unless an external Kafka is configured) -> topics -> collector -> Dagster ->
+(vLLM -> gateway, when asked). Each part is a managed process (pid file + log in the state
+folder) and `up` waits until each answers its health probe before starting the next one.
+Children get absolute paths and the broker address through the environment, so they read
+the same settings as the parent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentlake.stack import processes
+from agentlake.stack.broker import broker_argv, ensure_topics, free_port, wait_for_port
+from agentlake.stack.health import http_ok, kafka_ok
+from agentlake.stack.processes import StackError
+from schemas.config import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("broker", "collector", "dagster", "vllm", "gateway")
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    name: str
+    address: str
+    pid: int | None
+    healthy: bool
+    detail: str = ""
+
+
+def state_dir(settings: Settings) -> Path:
+    return settings.state.dir.resolve()
+
+
+def bootstrap_servers(settings: Settings) -> str | None:
+    """The broker address in use: the configured Kafka, else the local broker if it is up."""
+    if settings.kafka.external:
+        return settings.kafka.bootstrap_servers
+    broker = processes.read(state_dir(settings), "broker")
+    return broker.address if broker is not None and broker.is_running() else None
+
+
+def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
+    """Environment for every child: same settings, absolute paths, the live broker address."""
+    lake = settings.lake.root
+    if "://" not in lake:
+        lake = str(Path(lake).resolve())
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "AGENTLAKE_LAKE": lake,
+        "AGENTLAKE_STATE_DIR": str(state_dir(settings)),
+        "AGENTLAKE_MODEL__CACHE_DIR": str(settings.model.cache_dir.resolve()),
+        "DAGSTER_HOME": str(settings.dagster.home.resolve()),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _wait(what: str, probe: Callable[[], bool], proc: processes.ManagedProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        if not proc.is_running():
+            raise StackError(f"{what} exited during startup; see {proc.log}:\n{_tail(proc.log)}")
+        time.sleep(0.5)
+    raise StackError(f"{what} did not become healthy in {timeout_s:.0f}s; see {proc.log}:\n{_tail(proc.log)}")
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def start_broker(settings: Settings) -> str:
+    """Start the local Tansu broker unless Kafka is external; return the bootstrap address."""
+    if settings.kafka.external:
+        if not kafka_ok(settings.kafka, settings.kafka.bootstrap_servers):
+            raise StackError(
+                f"the configured Kafka at {settings.kafka.bootstrap_servers} does not answer; "
+                "check KAFKA_BOOTSTRAP_SERVERS"
+            )
+        return settings.kafka.bootstrap_servers
+    existing = processes.read(state_dir(settings), "broker")
+    if existing is not None and existing.is_running():
+        return existing.address
+    port = settings.kafka.local_broker_port or free_port()
+    proc = processes.start(state_dir(settings), "broker", broker_argv(port), address=f"127.0.0.1:{port}")
+    try:
+        wait_for_port("127.0.0.1", port)
+    except StackError as exc:
+        raise StackError(f"{exc}; see {proc.log}:\n{_tail(proc.log)}") from exc
+    return proc.address
+
+
+def _start_if_needed(
+    settings: Settings,
+    name: str,
+    argv: list[str],
+    address: str,
+    probe: Callable[[], bool],
+    env: dict[str, str],
+    timeout_s: float,
+) -> None:
+    existing = processes.read(state_dir(settings), name)
+    if existing is not None and existing.is_running():
+        return
+    proc = processes.start(state_dir(settings), name, argv, address=address, env=env, cwd=REPO_ROOT)
+    _wait(name, probe, proc, timeout_s)
+
+
+def up(
+    settings: Settings,
+    *,
+    with_vllm: bool = False,
+    with_dagster: bool = True,
+    on_step: Callable[[str], None] = lambda _msg: None,
+) -> list[PartStatus]:
+    """Start every part that is not running yet, healthy before the next; return their status."""
+    on_step("broker")
+    bootstrap = start_broker(settings)
+    ensure_topics(settings.kafka, bootstrap)
+    env = child_env(settings, bootstrap)
+    try:
+        c = settings.collector
+        on_step("collector")
+        _start_if_needed(
+            settings,
+            "collector",
+            [sys.executable, "-m", "collectors"],
+            f"http://{c.host}:{c.http_port} grpc://{c.host}:{c.grpc_port}",
+            lambda: http_ok(f"http://{c.host}:{c.http_port}/health"),
+            env,
+            60,
+        )
+        if with_dagster:
+            d = settings.dagster
+            on_step("dagster")
+            _start_if_needed(
+                settings,
+                "dagster",
+                [
+                    sys.executable, "-m", "dagster", "dev",
+                    "-w", str((d.home / "workspace.yaml").resolve()),
+                    "-h", d.host, "-p", str(d.port),
+                ],
+                f"http://{d.host}:{d.port}",
+                lambda: http_ok(f"http://{d.host}:{d.port}/server_info"),
+                env,
+                180,
+            )
+        if with_vllm or settings.vllm.enabled:
+            on_step("vllm")
+            _start_vllm(settings)
+            g = settings.gateway
+            on_step("gateway")
+            _start_if_needed(
+                settings,
+                "gateway",
+                [sys.executable, "-m", "collectors.gateway"],
+                f"http://{g.host}:{g.port}",
+                lambda: http_ok(f"http://{g.host}:{g.port}/health"),
+                {**env, "AGENTLAKE_GATEWAY__UPSTREAMS": f'["{settings.vllm.url}"]'},
+                60,
+            )
+    except BaseException:
+        # Leave nothing half-started behind a failed `up`.
+        down(settings)
+        raise
+    return status(settings)
+
+
+def _start_vllm(settings: Settings) -> None:
+    from agentlake.stack import vllm
+
+    existing = processes.read(state_dir(settings), "vllm")
+    if existing is not None and existing.is_running():
+        return
+    vllm.start_vllm(settings)
+
+
+def down(settings: Settings) -> list[str]:
+    """Stop exactly the processes `up` recorded, in reverse order; return their names."""
+    stopped = []
+    sdir = state_dir(settings)
+    for name in reversed(PARTS):
+        if processes.stop(sdir, name):
+            stopped.append(name)
+    for leftover in processes.list_managed(sdir):  # parts added by later versions
+        if processes.stop(sdir, leftover.name):
+            stopped.append(leftover.name)
+    return stopped
+
+
+def status(settings: Settings) -> list[PartStatus]:
+    """Health of each part, whether this machine started it or not."""
+    sdir = state_dir(settings)
+    rows: list[PartStatus] = []
+    bootstrap = bootstrap_servers(settings)
+    broker = processes.read(sdir, "broker")
+    if settings.kafka.external:
+        rows.append(PartStatus("broker", settings.kafka.bootstrap_servers, None,
+                               kafka_ok(settings.kafka, settings.kafka.bootstrap_servers), "external Kafka"))
+    else:
+        healthy = bootstrap is not None and kafka_ok(settings.kafka, bootstrap)
+        rows.append(PartStatus("broker", broker.address if broker else "-", broker.pid if broker else None,
+                               healthy, "local Tansu" if broker else "not started"))
+    c, d, g, v = settings.collector, settings.dagster, settings.gateway, settings.vllm
+    probes = {
+        "collector": (f"http://{c.host}:{c.http_port}", f"http://{c.host}:{c.http_port}/health"),
+        "dagster": (f"http://{d.host}:{d.port}", f"http://{d.host}:{d.port}/server_info"),
+        "vllm": (v.url, f"{v.url}/health"),
+        "gateway": (f"http://{g.host}:{g.port}", f"http://{g.host}:{g.port}/health"),
+    }
+    for name, (address, url) in probes.items():
+        proc = processes.read(sdir, name)
+        running = proc is not None and proc.is_running()
+        detail = f"log: {proc.log}" if proc else "not started"
+        if proc is not None and not running:
+            detail = f"exited; log: {proc.log}"
+        rows.append(PartStatus(name, address, proc.pid if running and proc else None,
+                               running and http_ok(url), detail))
+    return rows
+
+
+def is_pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
