@@ -1,0 +1,85 @@
+"""Settings load from defaults, agentlake.toml and the environment; mistakes are named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schemas.config import load_settings
+from schemas.errors import ConfigError
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = load_settings(environ={})
+    assert s.collector.http_port == 4318
+    assert s.collector.grpc_port == 4317
+    assert s.kafka.spans_topic == "agentlake.spans.v1"
+    assert not s.kafka.external
+
+
+def test_toml_then_env_precedence(tmp_path: Path) -> None:
+    cfg = tmp_path / "agentlake.toml"
+    cfg.write_text('[collector]\nhttp_port = 5000\ngrpc_port = 5001\n[lake]\nroot = "s3://bucket/lake"\n'
+                   '[lake.storage_options]\nAWS_REGION = "eu-west-1"\n')
+    s = load_settings(cfg, environ={"AGENTLAKE_COLLECTOR__HTTP_PORT": "6000", "KAFKA_BOOTSTRAP_SERVERS": "k1:9092"})
+    assert s.collector.http_port == 6000  # env wins
+    assert s.collector.grpc_port == 5001  # file
+    assert s.lake.root == "s3://bucket/lake"
+    assert s.lake.storage_options == {"AWS_REGION": "eu-west-1"}
+    assert s.kafka.external and s.kafka.bootstrap_servers == "k1:9092"
+
+
+def test_env_json_values() -> None:
+    s = load_settings(environ={"AGENTLAKE_GATEWAY__UPSTREAMS": '["http://a:1", "http://b:2"]',
+                               "AGENTLAKE_COLLECTOR__AUTH_TOKENS": '{"tok": "acme"}'})
+    assert s.gateway.upstreams == ["http://a:1", "http://b:2"]
+    assert s.collector.auth_tokens == {"tok": "acme"}
+
+
+def test_config_file_from_env(tmp_path: Path) -> None:
+    cfg = tmp_path / "other.toml"
+    cfg.write_text("[trainer]\nlora_rank = 8\n")
+    assert load_settings(environ={"AGENTLAKE_CONFIG": str(cfg)}).trainer.lora_rank == 8
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("[collector]\nhttp_prot = 1\n", ["collector.http_prot", "unknown key"]),
+        ("[colector]\nhttp_port = 1\n", ["colector", "unknown key"]),
+        ("[collector]\nhttp_port = 70000\n", ["collector.http_port", "70000"]),
+        ('[trainer]\nalgorithm = "dpo"\n', ["trainer.algorithm", "dpo"]),
+        ("[credit]\ngamma = 1.5\n", ["credit.gamma"]),
+        ("collector = 3\n", ["collector", "table"]),
+        ("[collector\n", ["not valid TOML"]),
+    ],
+)
+def test_bad_file_is_named(tmp_path: Path, text: str, needles: list[str]) -> None:
+    cfg = tmp_path / "agentlake.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg, environ={})
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "needles"),
+    [
+        ({"AGENTLAKE_COLLECTOR__HTTP_PORT": "abc"}, ["collector.http_port", "$AGENTLAKE_COLLECTOR__HTTP_PORT"]),
+        ({"AGENTLAKE_NOPE__X": "1"}, ["AGENTLAKE_NOPE__X", "unknown section"]),
+        ({"AGENTLAKE_PORT": "1"}, ["AGENTLAKE_PORT", "AGENTLAKE_<SECTION>__<KEY>"]),
+        ({"AGENTLAKE_KAFKA__PARTITIONS": "0"}, ["kafka.partitions"]),
+    ],
+)
+def test_bad_env_is_named(env: dict[str, str], needles: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ=env)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_missing_explicit_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml", environ={})

@@ -1,0 +1,63 @@
+"""Managed processes: pid files, logs, group stop, and never killing a pid we did not start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from agentlake.stack import processes
+
+
+def test_start_and_stop_kills_children(tmp_path: Path) -> None:
+    script = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); " \
+             "print('ready', flush=True); time.sleep(60)"
+    proc = processes.start(tmp_path, "sleeper", [sys.executable, "-c", script], address="-")
+    deadline = time.monotonic() + 10
+    while "\nready" not in Path(proc.log).read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children, "the child should have started its own child"
+    assert processes.read(tmp_path, "sleeper") == proc
+    assert [p.name for p in processes.list_managed(tmp_path)] == ["sleeper"]
+
+    assert processes.stop(tmp_path, "sleeper")
+    assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+    for child in children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert processes.read(tmp_path, "sleeper") is None
+    assert not processes.stop(tmp_path, "sleeper")
+
+
+def test_stale_pid_file_never_kills_a_stranger(tmp_path: Path) -> None:
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        record = {
+            "name": "ghost", "pid": stranger.pid, "argv": ["x"], "create_time": 1.0,  # wrong start time
+            "address": "-", "log": str(tmp_path / "ghost.log"),
+        }
+        processes.run_dir(tmp_path).mkdir(parents=True)
+        (processes.run_dir(tmp_path) / "ghost.json").write_text(json.dumps(record))
+        assert not processes.stop(tmp_path, "ghost")
+        assert stranger.poll() is None, "a process we did not start must survive"
+        assert processes.read(tmp_path, "ghost") is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_refuses_to_start_twice(tmp_path: Path) -> None:
+    processes.start(tmp_path, "once", [sys.executable, "-c", "import time; time.sleep(30)"], address="-")
+    try:
+        try:
+            processes.start(tmp_path, "once", [sys.executable, "-c", "pass"], address="-")
+        except processes.StackError as exc:
+            assert "already running" in str(exc)
+        else:
+            raise AssertionError("second start should fail")
+    finally:
+        processes.stop(tmp_path, "once")
