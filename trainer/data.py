@@ -1,0 +1,243 @@
+"""Transitions in, token batches out.
+
+Reading takes the rows *added or rewritten* in a Delta version range ``(start, end]``: the data
+files live in the snapshot at ``end`` but not in the one at ``start``. A late reward that
+re-scores a trajectory rewrites its rows into new files, so they count as new data, which is
+what "train since the last checkpoint" wants.
+
+Batches are target-aligned: position ``t`` of every ``(B, T-1)`` tensor is about predicting
+``input_ids[:, t+1]`` from the logits at ``t``. Only response tokens with ``loss_mask == 1``
+are trained; prompt tokens, observation tokens and padding are masked out.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+import torch
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from trainer.errors import TrainerError
+
+log = logging.getLogger(__name__)
+
+COLUMNS = (
+    "transition_id",
+    "agent_name",
+    "policy_version",
+    "prompt_ids",
+    "response_ids",
+    "response_logprobs",
+    "loss_mask",
+    "reward",
+    "return",
+    "advantage",
+)
+
+
+@dataclass
+class TransitionData:
+    """The rows of one training run and where they came from (for the registry's lineage)."""
+
+    rows: pa.Table
+    table_uri: str
+    version_start: int  # exclusive; -1 = from the first version
+    version_end: int  # inclusive
+
+
+def table_uri(lake_root: str, table: str) -> str:
+    return f"{lake_root.rstrip('/')}/{table}"
+
+
+def latest_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
+    """The table's newest Delta version, or None when it does not exist yet."""
+    try:
+        return DeltaTable(uri, storage_options=storage_options or None).version()
+    except TableNotFoundError:
+        return None
+
+
+def read_transitions(
+    lake_root: str,
+    *,
+    table: str = "transitions",
+    version_start: int | None = None,
+    version_end: int | None = None,
+    agent: str | None = None,
+    policy_versions: Sequence[str] | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> TransitionData:
+    """Rows added in Delta versions ``(version_start, version_end]``, filtered by agent and policy."""
+    uri = table_uri(lake_root, table)
+    opts = storage_options or None
+    try:
+        end = DeltaTable(uri, version=version_end, storage_options=opts)
+    except TableNotFoundError as exc:
+        raise TrainerError(f"no {table} table at {uri}; run the pipeline first (or check lake.root)") from exc
+    start_version = -1 if version_start is None else version_start
+    dataset = end.to_pyarrow_dataset()
+    if start_version >= 0:
+        seen = set(DeltaTable(uri, version=start_version, storage_options=opts).to_pyarrow_dataset().files)
+        fragments = [f for f in dataset.get_fragments() if f.path not in seen]
+        dataset = pds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+    rows = dataset.to_table(columns=list(COLUMNS))
+
+    if agent is not None and rows.num_rows:
+        names = [n for n in pc.unique(rows["agent_name"]).to_pylist() if n is not None]
+        keep = [n for n in names if fnmatch.fnmatchcase(n, agent)]
+        rows = rows.filter(pc.is_in(rows["agent_name"], pa.array(keep, pa.string())))
+    if policy_versions is not None and rows.num_rows:
+        rows = rows.filter(pc.is_in(rows["policy_version"], pa.array(list(policy_versions), pa.string())))
+    rows = rows.sort_by("transition_id")  # file order is not stable; the seed should be enough
+    return TransitionData(rows=rows, table_uri=uri, version_start=start_version, version_end=end.version())
+
+
+@dataclass
+class Example:
+    """One transition as token lists, truncated to fit ``max_seq_len``."""
+
+    input_ids: list[int]  # prompt + response
+    n_prompt: int
+    loss_mask: list[int]  # per response token
+    old_logprobs: list[float] | None  # per response token; None when the row has none
+    advantage: float
+    ret: float
+
+
+def to_examples(rows: pa.Table, *, max_seq_len: int) -> list[Example]:
+    """Turn table rows into examples; rows with nothing to train on are skipped and counted."""
+    out: list[Example] = []
+    skipped = truncated = 0
+    for r in rows.to_pylist():
+        prompt, resp, mask = r["prompt_ids"] or [], r["response_ids"] or [], r["loss_mask"] or []
+        lps = r["response_logprobs"]
+        if not prompt or not resp or len(mask) != len(resp) or not any(mask):
+            skipped += 1
+            continue
+        if lps is not None and (len(lps) != len(resp) or any(x is None or math.isnan(x) for x in lps)):
+            lps = None  # unusable behaviour logprobs: train on-policy for this row (ratio 1)
+        if len(prompt) + len(resp) > max_seq_len:
+            truncated += 1
+            resp, mask = resp[: max_seq_len - 1], mask[: max_seq_len - 1]
+            lps = lps[: max_seq_len - 1] if lps is not None else None
+            prompt = prompt[-(max_seq_len - len(resp)) :]  # keep the prompt's end, nearest the response
+            if not any(mask):
+                skipped += 1
+                continue
+        out.append(
+            Example(
+                input_ids=list(prompt) + list(resp),
+                n_prompt=len(prompt),
+                loss_mask=[int(m) for m in mask],
+                old_logprobs=list(lps) if lps is not None else None,
+                advantage=float(r["advantage"]),
+                ret=float(r["return"]),
+            )
+        )
+    if skipped or truncated:
+        log.warning("transitions: %d skipped (nothing to train on), %d truncated to %d", skipped, truncated, max_seq_len)
+    return out
+
+
+@dataclass
+class Batch:
+    """One micro-batch. Token tensors are (B, T); target tensors are (B, T-1)."""
+
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor | None  # (B, T) long; None when packed (position_ids say where rows split)
+    position_ids: torch.Tensor  # (B, T) long, restarting at 0 for each packed sequence
+    mask: torch.Tensor  # (B, T-1) float: 1 where the target token is trained
+    old_logprobs: torch.Tensor  # (B, T-1) float: behaviour logprobs, NaN where unknown
+    advantages: torch.Tensor  # (B, T-1) float: the sequence's advantage on each of its tokens
+    returns: torch.Tensor  # (B, T-1) float
+    seq_index: torch.Tensor  # (B, T-1) long: which example a target belongs to, -1 for none
+    n_seqs: int
+    n_tokens: int  # real (non-pad) tokens, for tokens/s
+
+    def to(self, device: torch.device | str) -> Batch:
+        moved = {
+            k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()
+        }
+        return Batch(**moved)
+
+
+def collate(examples: Sequence[Example], *, pad_id: int = 0, pack: bool = False, max_seq_len: int = 1024) -> Batch:
+    """Pad examples into rows (one example per row), or pack several into rows of ``max_seq_len``."""
+    rows: list[list[int]] = []  # indices of the examples in each row
+    if pack:
+        length = 0
+        for i, ex in enumerate(examples):
+            if not rows or length + len(ex.input_ids) > max_seq_len:
+                rows.append([])
+                length = 0
+            rows[-1].append(i)
+            length += len(ex.input_ids)
+    else:
+        rows = [[i] for i in range(len(examples))]
+    T = max(sum(len(examples[i].input_ids) for i in row) for row in rows)
+    B = len(rows)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    tok_mask = torch.zeros((B, T))  # in token space; shifted to target space at the end
+    old = torch.full((B, T), float("nan"))
+    adv = torch.zeros((B, T))
+    ret = torch.zeros((B, T))
+    seq = torch.full((B, T), -1, dtype=torch.long)
+    for b, row in enumerate(rows):
+        at = 0
+        for i in row:
+            ex = examples[i]
+            n, p = len(ex.input_ids), ex.n_prompt
+            input_ids[b, at : at + n] = torch.tensor(ex.input_ids)
+            attn[b, at : at + n] = 1
+            pos[b, at : at + n] = torch.arange(n)
+            tok_mask[b, at + p : at + n] = torch.tensor(ex.loss_mask, dtype=torch.float)
+            if ex.old_logprobs is not None:
+                old[b, at + p : at + n] = torch.tensor(ex.old_logprobs)
+            adv[b, at + p : at + n] = ex.advantage
+            ret[b, at + p : at + n] = ex.ret
+            seq[b, at + p : at + n] = i
+            at += n
+        if pack and at < T:
+            pos[b, at:] = torch.arange(T - at)  # padding continues as its own "sequence"
+    seq = torch.where(tok_mask > 0, seq, -1)
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=None if pack else attn,
+        position_ids=pos,
+        mask=tok_mask[:, 1:],
+        old_logprobs=old[:, 1:],
+        advantages=adv[:, 1:],
+        returns=ret[:, 1:],
+        seq_index=seq[:, 1:],
+        n_seqs=len(examples),
+        n_tokens=int(attn.sum()),
+    )
+
+
+def iter_batches(
+    examples: Sequence[Example],
+    *,
+    batch_size: int,
+    seed: int,
+    epoch: int = 0,
+    pad_id: int = 0,
+    pack: bool = False,
+    max_seq_len: int = 1024,
+) -> Iterator[Batch]:
+    """Shuffle (seeded per epoch) and yield micro-batches of ``batch_size`` examples."""
+    order = list(range(len(examples)))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    for i in range(0, len(order), batch_size):
+        chunk = [examples[j] for j in order[i : i + batch_size]]
+        yield collate(chunk, pad_id=pad_id, pack=pack, max_seq_len=max_seq_len)

@@ -1,0 +1,23 @@
+"""Errors the trainer raises on purpose.
+
+    AgentlakeError (schemas.errors)
+    └── TrainerError          bad trainer config, no data, a missing base model
+        ├── RegistryError     the model_versions table has no such version, or a bad state change
+        └── PublishError      vLLM refused or could not be reached; serving is unchanged
+"""
+
+from __future__ import annotations
+
+from schemas.errors import AgentlakeError
+
+
+class TrainerError(AgentlakeError):
+    """Training could not start or finish; the message says what to change."""
+
+
+class RegistryError(TrainerError):
+    """A model version is unknown, or a status change is not allowed."""
+
+
+class PublishError(TrainerError):
+    """A publish failed; the serving version was left as it was and the failure recorded."""

@@ -1,0 +1,188 @@
+"""Policy-gradient losses, pure torch, over target-aligned (B, T) tensors.
+
+Every loss takes per-token log-probabilities of the current policy, a float ``mask`` of the
+tokens to train (1 = trained), and returns the scalar loss plus detached metrics.
+
+- ``ppo_clip_loss``: PPO-clip with the token-level importance ratio ``exp(logp - logp_behaviour)``
+  to the logprobs stored with the transition (vLLM's), averaged over all trained tokens.
+- ``grpo_loss``: the same clipped objective averaged per sequence, then over sequences
+  (Shao et al. 2024); advantages arrive group-normalized from the transitions table.
+- ``reinforce_loss``: ``-(R - b) * logp`` with a baseline ``b`` (the batch's mean return).
+
+Both clipped losses add ``kl_coef * KL`` to a reference policy with the k3 estimator
+``exp(r) - r - 1``, ``r = logp_ref - logp`` (unbiased, always >= 0; Schulman 2020).
+Where the behaviour logprob is unknown (NaN) the ratio is 1: that token is trained on-policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    metrics: dict[str, torch.Tensor]  # scalars, detached
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | prefix) for each t: (B, T, V), (B, T) -> (B, T-1), in fp32."""
+    B, T, V = logits.shape
+    targets = input_ids[:, 1:]
+    # cross_entropy avoids materializing a (B, T, V) log_softmax next to the logits.
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), targets.reshape(-1), reduction="none")
+    return -nll.view(B, T - 1)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over the tokens where ``mask`` is 1 (0 when there are none)."""
+    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def sequence_mean(x: torch.Tensor, mask: torch.Tensor, seq_index: torch.Tensor, n_seqs: int) -> torch.Tensor:
+    """Mean over each sequence's masked tokens, then over sequences, so long answers weigh no more."""
+    idx = seq_index.clamp_min(0).reshape(-1)
+    w = mask.reshape(-1)
+    sums = torch.zeros(n_seqs, dtype=x.dtype, device=x.device).index_add(0, idx, (x * mask).reshape(-1))
+    counts = torch.zeros(n_seqs, dtype=w.dtype, device=x.device).index_add(0, idx, w)
+    has = counts > 0
+    if not bool(has.any()):
+        return sums.sum() * 0.0
+    return (sums[has] / counts[has]).mean()
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(policy || reference): exp(r) - r - 1 with r = ref - logp."""
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1.0
+
+
+def _clipped(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    ref_logprobs: torch.Tensor | None,
+    kl_coef: float,
+    seq_index: torch.Tensor | None,
+    n_seqs: int | None,
+) -> LossOutput:
+    old = torch.where(torch.isnan(old_logprobs), logprobs.detach(), old_logprobs)
+    ratio = torch.exp(logprobs - old)  # (B, T)
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + hi) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    pg_per_token = per_token
+    kl = torch.zeros_like(per_token)
+    if ref_logprobs is not None:
+        kl = kl_k3(logprobs, ref_logprobs)
+        if kl_coef:
+            per_token = per_token + kl_coef * kl
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        if seq_index is None:
+            return masked_mean(x, mask)
+        return sequence_mean(x, mask, seq_index, n_seqs or int(seq_index.max()) + 1)
+
+    loss = agg(per_token)
+    with torch.no_grad():
+        metrics = {
+            "loss": loss.detach(),
+            "pg_loss": agg(pg_per_token).detach(),
+            "kl": masked_mean(kl, mask),
+            "clip_frac": masked_mean((clipped < unclipped).float(), mask),  # tokens whose gradient was cut
+            "ratio": masked_mean(ratio, mask),
+            "adv_mean": masked_mean(advantages, mask),
+        }
+    return LossOutput(loss, metrics)
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> LossOutput:
+    """PPO-clip averaged over every trained token of the batch."""
+    return _clipped(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        seq_index=None,
+        n_seqs=None,
+    )
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    seq_index: torch.Tensor,
+    n_seqs: int,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> LossOutput:
+    """GRPO: the clipped objective averaged within each sequence, then across sequences."""
+    return _clipped(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        seq_index=seq_index,
+        n_seqs=n_seqs,
+    )
+
+
+def reinforce_loss(
+    logprobs: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    baseline: float | torch.Tensor | None = None,
+    seq_index: torch.Tensor | None = None,
+    n_seqs: int | None = None,
+) -> LossOutput:
+    """REINFORCE: -(R - b) * logp per trained token; ``b`` defaults to the mean return per sequence."""
+    if baseline is None:
+        if seq_index is not None:
+            baseline = sequence_mean(returns, mask, seq_index, n_seqs or int(seq_index.max()) + 1)
+        else:
+            baseline = masked_mean(returns, mask)
+    adv = (returns - baseline).detach()
+    loss = masked_mean(-adv * logprobs, mask)
+    with torch.no_grad():
+        metrics = {
+            "loss": loss.detach(),
+            "pg_loss": loss.detach(),
+            "kl": torch.zeros((), device=logprobs.device),
+            "clip_frac": torch.zeros((), device=logprobs.device),
+            "ratio": torch.ones((), device=logprobs.device),
+            "adv_mean": masked_mean(adv, mask),
+            "baseline": torch.as_tensor(baseline, dtype=torch.float32).detach(),
+        }
+    return LossOutput(loss, metrics)

@@ -1,0 +1,264 @@
+"""The training loop, top to bottom: setup, data, model, optimizer, loop. No Trainer class.
+
+``train`` takes a config and transition rows and returns the trained model with its per-step
+metrics; saving and registering are the caller's (``trainer.run.train_once``). LoRA through
+peft is the default; ``finetune="full"`` trains every weight. On CUDA the forward pass runs
+under bf16 autocast (weights and optimizer stay fp32); on CPU everything is fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trainer.config import TrainConfig
+from trainer.data import Batch, iter_batches, to_examples
+from trainer.errors import TrainerError
+from trainer.losses import LossOutput, grpo_loss, ppo_clip_loss, reinforce_loss, token_logprobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    history: list[dict[str, float]] = field(default_factory=list)  # one dict per optimizer step
+    n_examples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def summary(self) -> dict[str, float]:
+        """Metrics worth a registry row: first and last step, and throughput."""
+        if not self.history:
+            return {}
+        first, last = self.history[0], self.history[-1]
+        out = {f"final_{k}": v for k, v in last.items() if k != "step"}
+        out.update(first_loss=first["loss"], steps=float(len(self.history)), n_examples=float(self.n_examples))
+        out.update(tokens=float(self.tokens), tokens_per_s=self.tokens / max(self.seconds, 1e-9))
+        return out
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_base_model(cfg: TrainConfig) -> Path:
+    """The base model's Hugging Face folder: ``base_model`` itself, or ``<model_dir>/<base_model>``."""
+    direct = Path(cfg.base_model).expanduser()
+    if direct.is_dir():
+        return direct
+    cached = Path(cfg.model_dir).expanduser() / cfg.base_model
+    if cached.is_dir():
+        return cached
+    raise TrainerError(
+        f"base model {cfg.base_model!r} not found (looked at {direct} and {cached}); "
+        f"run `agentlake model pull {cfg.base_model}` or set model.base to a Hugging Face model folder"
+    )
+
+
+def load_policy(cfg: TrainConfig, *, parent_path: str | None = None) -> tuple[torch.nn.Module, Any]:
+    """Base model + a fresh LoRA adapter, or the parent's adapter (or full weights) to continue from."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = resolve_base_model(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    if cfg.finetune == "full":
+        return AutoModelForCausalLM.from_pretrained(parent_path or base, dtype=torch.float32), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if parent_path:
+        return PeftModel.from_pretrained(model, parent_path, is_trainable=True), tokenizer
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_targets),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora), tokenizer
+
+
+def policy_loss(
+    cfg: TrainConfig, logprobs: torch.Tensor, batch: Batch, ref_logprobs: torch.Tensor | None
+) -> LossOutput:
+    """The configured algorithm's loss on one micro-batch."""
+    if cfg.algorithm == "reinforce":
+        return reinforce_loss(logprobs, batch.returns, batch.mask, seq_index=batch.seq_index, n_seqs=batch.n_seqs)
+    kwargs = dict(clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef)
+    if cfg.algorithm == "grpo":
+        return grpo_loss(
+            logprobs, batch.old_logprobs, batch.advantages, batch.mask, batch.seq_index, batch.n_seqs, **kwargs
+        )
+    return ppo_clip_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask, **kwargs)
+
+
+def forward_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """(B, T-1) log-probabilities of each next token under ``model``."""
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
+    )
+    return token_logprobs(out.logits, batch.input_ids)
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def train(
+    cfg: TrainConfig,
+    rows: pa.Table,
+    *,
+    model: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    parent_path: str | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Run ``cfg.epochs`` over ``rows`` (a transitions table) and return the trained policy."""
+    # --- setup ------------------------------------------------------------------------------
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg.device)
+    use_bf16 = device.type == "cuda"
+
+    def autocast() -> AbstractContextManager[Any]:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+    # --- model ------------------------------------------------------------------------------
+    if model is None:
+        model, tokenizer = load_policy(cfg, parent_path=parent_path)
+    model.to(device)
+    model.train()
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    pad_id = pad_id if pad_id is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
+    # KL reference: LoRA disables its adapter for a reference pass; a full fine-tune keeps a frozen copy.
+    ref_model = None
+    if cfg.kl_coef > 0 and not hasattr(model, "disable_adapter"):
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    # --- data -------------------------------------------------------------------------------
+    examples = to_examples(rows, max_seq_len=cfg.max_seq_len)
+    if not examples:
+        raise TrainerError(f"none of the {rows.num_rows} transitions has a response token to train on")
+    micro_per_epoch = math.ceil(len(examples) / cfg.batch_size)
+    steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum)
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+
+    # --- optimizer --------------------------------------------------------------------------
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise TrainerError("the model has no trainable parameters (a LoRA adapter loaded without is_trainable?)")
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+    )
+    if optimizer_state is not None:  # resume: continue the parent's AdamW moments
+        optimizer.load_state_dict(optimizer_state)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.learning_rate
+
+    # --- loop -------------------------------------------------------------------------------
+    result = TrainResult(model=model, tokenizer=tokenizer, optimizer=optimizer, n_examples=len(examples))
+    step = 0
+    sums: dict[str, float] = {}
+    n_micro = step_tokens = 0
+    t_step = t_start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    with _progress(cfg.progress) as progress:
+        bar = progress.add_task("", total=total_steps)
+        for epoch in range(cfg.epochs):
+            batches = iter_batches(
+                examples,
+                batch_size=cfg.batch_size,
+                seed=cfg.seed,
+                epoch=epoch,
+                pad_id=pad_id,
+                pack=cfg.pack,
+                max_seq_len=cfg.max_seq_len,
+            )
+            for i, batch in enumerate(batches):
+                batch = batch.to(device)
+                with autocast():
+                    logprobs = forward_logprobs(model, batch)  # (B, T-1)
+                    ref_logprobs = None
+                    if cfg.kl_coef > 0:
+                        with torch.no_grad():
+                            if ref_model is not None:
+                                ref_logprobs = forward_logprobs(ref_model, batch)
+                            else:
+                                with model.disable_adapter():  # type: ignore[operator]
+                                    ref_logprobs = forward_logprobs(model, batch)
+                out = policy_loss(cfg, logprobs, batch, ref_logprobs)
+                (out.loss / cfg.grad_accum).backward()
+                for k, v in out.metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                n_micro += 1
+                step_tokens += batch.n_tokens
+                if n_micro < cfg.grad_accum and i + 1 < micro_per_epoch:
+                    continue
+                # one optimizer step
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                now = time.perf_counter()
+                metrics = {k: v / n_micro for k, v in sums.items()}
+                metrics.update(
+                    step=float(step),
+                    epoch=float(epoch),
+                    grad_norm=float(grad_norm),
+                    lr=cfg.learning_rate,
+                    tokens=float(step_tokens),
+                    tokens_per_s=step_tokens / max(now - t_step, 1e-9),
+                )
+                result.history.append(metrics)
+                result.tokens += step_tokens
+                log.info(
+                    "step %d loss %.4f kl %.4f clip %.3f adv %.3f tok/s %.0f",
+                    step,
+                    metrics["loss"],
+                    metrics["kl"],
+                    metrics["clip_frac"],
+                    metrics["adv_mean"],
+                    metrics["tokens_per_s"],
+                )
+                progress.update(
+                    bar,
+                    advance=1,
+                    description=(
+                        f"loss {metrics['loss']:.4f} kl {metrics['kl']:.4f} clip {metrics['clip_frac']:.2f} "
+                        f"adv {metrics['adv_mean']:+.3f} {metrics['tokens_per_s']:.0f} tok/s"
+                    ),
+                )
+                sums, n_micro, step_tokens, t_step = {}, 0, 0, time.perf_counter()
+                if step >= total_steps:
+                    break
+            if step >= total_steps:
+                break
+    result.seconds = time.perf_counter() - t_start
+    model.eval()
+    return result
