@@ -144,7 +144,9 @@ def to_examples(rows: pa.Table, *, max_seq_len: int) -> list[Example]:
             )
         )
     if skipped or truncated:
-        log.warning("transitions: %d skipped (nothing to train on), %d truncated to %d", skipped, truncated, max_seq_len)
+        log.warning(
+            "transitions: %d skipped (nothing to train on), %d truncated to %d", skipped, truncated, max_seq_len
+        )
     return out
 
 

@@ -1,9 +1,9 @@
 """Errors the trainer raises on purpose.
 
-    AgentlakeError (schemas.errors)
-    └── TrainerError          bad trainer config, no data, a missing base model
-        ├── RegistryError     the model_versions table has no such version, or a bad state change
-        └── PublishError      vLLM refused or could not be reached; serving is unchanged
+AgentlakeError (schemas.errors)
+└── TrainerError          bad trainer config, no data, a missing base model
+    ├── RegistryError     the model_versions table has no such version, or a bad state change
+    └── PublishError      vLLM refused or could not be reached; serving is unchanged
 """
 
 from __future__ import annotations

@@ -100,7 +100,9 @@ def policy_loss(
     """The configured algorithm's loss on one micro-batch."""
     if cfg.algorithm == "reinforce":
         return reinforce_loss(logprobs, batch.returns, batch.mask, seq_index=batch.seq_index, n_seqs=batch.n_seqs)
-    kwargs = dict(clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef)
+    kwargs = dict(
+        clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef
+    )
     if cfg.algorithm == "grpo":
         return grpo_loss(
             logprobs, batch.old_logprobs, batch.advantages, batch.mask, batch.seq_index, batch.n_seqs, **kwargs

@@ -47,8 +47,14 @@ def test_ppo_clip_ratios_clipping_and_mask() -> None:
 
 def test_ppo_asymmetric_clip_high() -> None:
     # ratio 1.5, A=+1: with clip_eps_high=0.6 the upper bound is 1.6, so nothing is clipped.
-    out = ppo_clip_loss(_lp([1.5]), torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
-                        torch.ones(1, 1, dtype=torch.float64), clip_eps=0.2, clip_eps_high=0.6)
+    out = ppo_clip_loss(
+        _lp([1.5]),
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.float64),
+        clip_eps=0.2,
+        clip_eps_high=0.6,
+    )
     assert out.loss.item() == pytest.approx(-1.5)
     assert out.metrics["clip_frac"].item() == 0.0
 
