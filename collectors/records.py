@@ -1,0 +1,369 @@
+"""Decode OTLP and reward bodies into Kafka records. Pure: no Kafka client, no server.
+
+A span record holds the spans of one trace from one request, with resource and scope kept as
+sent, as a serialized ``ExportTraceServiceRequest``; its key is the rollout id (resource or span
+attribute) or else the trace id in lowercase hex, so one rollout stays ordered in one partition.
+Records are built by concatenating protobuf encodings (the wire format allows it), so spans are
+copied byte for byte instead of being rebuilt field by field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+from collectors.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from schemas import attributes, topics
+from schemas.errors import RecordValidationError
+from schemas.tables import REWARD_EVENT, SPANS, schema_version
+from schemas.validation import validate_reward_event
+
+BodyFormat = Literal["protobuf", "json"]
+
+SPANS_SCHEMA_VERSION = str(schema_version(SPANS)).encode()
+REWARDS_SCHEMA_VERSION = str(schema_version(REWARD_EVENT)).encode()
+_SPANS_CONTENT_TYPE = topics.SPANS_CONTENT_TYPE.encode()
+_JSON_CONTENT_TYPE = topics.JSON_CONTENT_TYPE.encode()
+_ROLLOUT_KEYS = frozenset(attributes.ROLLOUT_ID_KEYS)
+_ZERO_TRACE = bytes(16)
+_ZERO_SPAN = bytes(8)
+
+
+@dataclass(slots=True)
+class Record:
+    """One Kafka record to produce; ``spans`` counts the spans it carries (0 for rewards)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    spans: int = 0
+
+
+@dataclass(slots=True)
+class TraceSplit:
+    """What a trace export request became: records, and the spans we refused with why."""
+
+    records: list[Record] = field(default_factory=list)
+    accepted_spans: int = 0
+    rejected_spans: int = 0
+    error_message: str = ""
+
+
+def body_format(content_type: str | None) -> BodyFormat:
+    """Map a Content-Type header to the OTLP encoding; 415 for anything else."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media in ("application/x-protobuf", "application/protobuf"):
+        return "protobuf"
+    if media == "application/json":
+        return "json"
+    raise UnsupportedMediaType(
+        f"unsupported content type {content_type!r}; send application/x-protobuf or application/json"
+    )
+
+
+def decompress(body: bytes, encoding: str | None, *, limit: int) -> bytes:
+    """Undo ``Content-Encoding`` (identity or gzip), refusing output over ``limit`` bytes."""
+    enc = (encoding or "identity").strip().lower()
+    if enc in ("", "identity"):
+        if len(body) > limit:
+            raise PayloadTooLarge(f"body of {len(body)} bytes is over the limit of {limit} bytes")
+        return body
+    if enc not in ("gzip", "x-gzip"):
+        raise UnsupportedMediaType(f"unsupported content encoding {encoding!r}; use gzip or none")
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"gzip body is corrupt: {exc}") from exc
+    if len(out) > limit:
+        raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
+    if not inflater.eof:
+        raise BadRequest("gzip body is truncated")
+    return out
+
+
+# --- OTLP JSON ----------------------------------------------------------------------------------
+# OTLP JSON differs from protobuf's canonical JSON in one way that matters: trace and span ids are
+# hex strings, not base64. We rewrite them to base64 before handing the dict to json_format.
+
+
+def _hex_to_b64(value: Any, path: str) -> Any:
+    if not isinstance(value, str):
+        return value  # json_format reports the type error with the field name
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError as exc:
+        raise BadRequest(f"{path}: expected a hex string, got {value[:40]!r}") from exc
+    return base64.b64encode(raw).decode()
+
+
+def _fix_ids(obj: dict[str, Any], keys: tuple[str, ...], path: str) -> None:
+    for k in keys:
+        if k in obj:
+            obj[k] = _hex_to_b64(obj[k], f"{path}.{k}")
+
+
+def _list(obj: Any, key: str, path: str) -> list[Any]:
+    if not isinstance(obj, dict):
+        raise BadRequest(f"{path}: expected an object, got {type(obj).__name__}")
+    value = obj.get(key, obj.get(_snake(key), []))
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadRequest(f"{path}.{key}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+def _otlp_json_to_dict(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise BadRequest(f"expected a JSON object at the top level, got {type(data).__name__}")
+    for i, rs in enumerate(_list(data, "resourceSpans", "")):
+        for j, ss in enumerate(_list(rs, "scopeSpans", f"resourceSpans[{i}]")):
+            for k, span in enumerate(_list(ss, "spans", f"resourceSpans[{i}].scopeSpans[{j}]")):
+                path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                if not isinstance(span, dict):
+                    raise BadRequest(f"{path}: expected an object, got {type(span).__name__}")
+                _fix_ids(span, ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"), path)
+                for n, link in enumerate(_list(span, "links", path)):
+                    if not isinstance(link, dict):
+                        raise BadRequest(f"{path}.links[{n}]: expected an object")
+                    _fix_ids(link, ("traceId", "spanId", "trace_id", "span_id"), f"{path}.links[{n}]")
+    return data
+
+
+def decode_traces(body: bytes, fmt: BodyFormat) -> ExportTraceServiceRequest:
+    """Parse an OTLP trace export body; ``BadRequest`` names what is wrong."""
+    request = ExportTraceServiceRequest()
+    if fmt == "protobuf":
+        try:
+            request.ParseFromString(body)
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise BadRequest(f"body is not a valid OTLP ExportTraceServiceRequest protobuf: {exc}") from exc
+        return request
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+    try:
+        json_format.ParseDict(_otlp_json_to_dict(data), request, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise BadRequest(f"body is not a valid OTLP JSON trace export: {exc}") from exc
+    return request
+
+
+def encode_response(fmt: BodyFormat, rejected_spans: int = 0, error_message: str = "") -> bytes:
+    """The ExportTraceServiceResponse, with ``partial_success`` when spans were refused."""
+    response = ExportTraceServiceResponse()
+    if rejected_spans or error_message:
+        response.partial_success.rejected_spans = rejected_spans
+        response.partial_success.error_message = error_message
+    if fmt == "protobuf":
+        return response.SerializeToString()
+    return json_format.MessageToJson(response, indent=None).encode()
+
+
+# --- splitting a request into one record per trace ----------------------------------------------
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _ld(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: tag, length, payload."""
+    return tag + _varint(len(payload)) + payload
+
+
+_TAG1 = b"\x0a"  # field 1, length-delimited
+_TAG2 = b"\x12"  # field 2
+_TAG3 = b"\x1a"  # field 3
+
+
+def _rollout_id(attrs: Iterable[KeyValue]) -> str | None:
+    for kv in attrs:
+        if kv.key in _ROLLOUT_KEYS:
+            v = kv.value
+            which = v.WhichOneof("value")
+            if which == "string_value":
+                if v.string_value:
+                    return v.string_value
+            elif which in ("int_value", "double_value"):
+                return str(getattr(v, which))
+    return None
+
+
+def _span_problem(trace_id: bytes, span_id: bytes) -> str | None:
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
+        return "trace_id must be 16 bytes and not all zero"
+    if len(span_id) != 8 or span_id == _ZERO_SPAN:
+        return "span_id must be 8 bytes and not all zero"
+    return None
+
+
+def split_traces(
+    request: ExportTraceServiceRequest,
+    *,
+    tenant: str,
+    topic: str,
+    received_at_ns: int,
+    original: bytes | None = None,
+) -> TraceSplit:
+    """One record per trace in ``request``; spans with invalid ids are counted as rejected.
+
+    ``original`` is the protobuf body the request was parsed from: when the request holds a
+    single trace and nothing was rejected, it becomes the record value unchanged.
+    """
+    out = TraceSplit()
+    # trace id -> {resource index -> {scope index -> [span bytes]}}, plus its rollout id
+    groups: dict[bytes, dict[int, dict[int, list[bytes]]]] = {}
+    rollout: dict[bytes, str] = {}
+    counts: dict[bytes, int] = {}
+    problems: list[str] = []
+    resources = request.resource_spans
+    resource_rollouts: list[str | None] = []
+    single_pass_ok = True
+    for ri, rs in enumerate(resources):
+        r_rollout = _rollout_id(rs.resource.attributes)
+        resource_rollouts.append(r_rollout)
+        for si, ss in enumerate(rs.scope_spans):
+            for span in ss.spans:
+                tid = span.trace_id
+                problem = _span_problem(tid, span.span_id)
+                if problem is not None:
+                    out.rejected_spans += 1
+                    if len(problems) < 3:
+                        problems.append(f"span {span.name[:60]!r}: {problem}")
+                    single_pass_ok = False
+                    continue
+                by_res = groups.get(tid)
+                if by_res is None:
+                    by_res = groups[tid] = {}
+                    counts[tid] = 0
+                by_res.setdefault(ri, {}).setdefault(si, []).append(span.SerializeToString())
+                counts[tid] += 1
+                if tid not in rollout:
+                    rid = r_rollout or _rollout_id(span.attributes)
+                    if rid:
+                        rollout[tid] = rid
+    if problems:
+        out.error_message = "; ".join(problems) + (
+            f" (and {out.rejected_spans - len(problems)} more)" if out.rejected_spans > len(problems) else ""
+        )
+    received = str(received_at_ns).encode()
+    headers_base = [
+        (topics.HEADER_TENANT, tenant.encode()),
+        (topics.HEADER_SCHEMA_VERSION, SPANS_SCHEMA_VERSION),
+        (topics.HEADER_RECEIVED_AT, received),
+        (topics.HEADER_CONTENT_TYPE, _SPANS_CONTENT_TYPE),
+    ]
+    reuse = original is not None and single_pass_ok and len(groups) == 1
+    resource_bytes: dict[int, bytes] = {}
+    scope_bytes: dict[tuple[int, int], bytes] = {}
+    for tid, by_res in groups.items():
+        key = (rollout.get(tid) or tid.hex()).encode()
+        if reuse:
+            value = original
+        else:
+            parts = []
+            for ri, by_scope in by_res.items():
+                rs = resources[ri]
+                head = resource_bytes.get(ri)
+                if head is None:
+                    head = _ld(_TAG1, rs.resource.SerializeToString()) if rs.HasField("resource") else b""
+                    resource_bytes[ri] = head
+                body = [head]
+                for si, spans in by_scope.items():
+                    sk = (ri, si)
+                    shead = scope_bytes.get(sk)
+                    if shead is None:
+                        ss = rs.scope_spans[si]
+                        shead = _ld(_TAG1, ss.scope.SerializeToString()) if ss.HasField("scope") else b""
+                        if ss.schema_url:
+                            shead += _ld(_TAG3, ss.schema_url.encode())
+                        scope_bytes[sk] = shead
+                    body.append(_ld(_TAG2, shead + b"".join(_ld(_TAG2, s) for s in spans)))
+                if rs.schema_url:
+                    body.append(_ld(_TAG3, rs.schema_url.encode()))
+                parts.append(_ld(_TAG1, b"".join(body)))
+            value = b"".join(parts)
+        out.records.append(Record(topic, key, value, list(headers_base), counts[tid]))
+        out.accepted_spans += counts[tid]
+    return out
+
+
+# --- reward events ------------------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def reward_records(body: bytes, *, tenant: str, topic: str, received_at_ns: int) -> list[Record]:
+    """Validate a JSON reward event (or a list of them) into records keyed by what they name.
+
+    The tenant comes from the caller's token, never from the body: a body that names another
+    tenant is refused rather than silently rewritten.
+    """
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+    events: Sequence[Any] = data if isinstance(data, list) else [data]
+    if not events:
+        raise BadRequest("no reward events: send a JSON object or a non-empty list of them")
+    received = dt.datetime.fromtimestamp(received_at_ns / 1e9, dt.UTC)
+    headers = [
+        (topics.HEADER_TENANT, tenant.encode()),
+        (topics.HEADER_SCHEMA_VERSION, REWARDS_SCHEMA_VERSION),
+        (topics.HEADER_RECEIVED_AT, str(received_at_ns).encode()),
+        (topics.HEADER_CONTENT_TYPE, _JSON_CONTENT_TYPE),
+    ]
+    out = []
+    for i, event in enumerate(events):
+        prefix = f"[{i}]." if isinstance(data, list) else ""
+        if isinstance(event, dict) and event.get("tenant") not in (None, tenant):
+            raise BadRequest(f"{prefix}tenant: the tenant comes from your token; leave it out")
+        try:
+            record = validate_reward_event({**event, "tenant": tenant} if isinstance(event, dict) else event)
+        except RecordValidationError as exc:
+            raise BadRequest(f"{prefix}{exc}") from exc
+        if record.get("timestamp") is None:
+            record["timestamp"] = received
+        key = record.get("rollout_id") or record.get("trace_id") or record.get("response_id")
+        value = json.dumps(record, default=_json_default, separators=(",", ":")).encode()
+        out.append(Record(topic, key.encode(), value, list(headers)))
+    return out
+
+
+def decode_hex_id(value: str) -> bytes:
+    """Hex id (as in OTLP JSON and W3C traceparent) to bytes; ``BadRequest`` when it is not hex."""
+    try:
+        return binascii.unhexlify(value)
+    except (binascii.Error, ValueError) as exc:
+        raise BadRequest(f"{value[:40]!r} is not a hex id") from exc

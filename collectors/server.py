@@ -1,0 +1,153 @@
+"""Run the OTLP/HTTP and OTLP/gRPC receivers in one event loop, and stop them cleanly.
+
+``CollectorServer`` owns the sink's lifecycle: it connects the Kafka producer in the background
+(so the process is up, answering 503, before the broker is), and on ``stop`` it lets in-flight
+requests finish, then flushes the producer, so a SIGTERM loses nothing that was acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from collectors.errors import CollectorError
+from collectors.kafka_sink import KafkaSink, kafka_ping
+from collectors.otlp_grpc import create_server
+from collectors.otlp_http import create_app
+from collectors.service import Collector
+from collectors.sink import RecordSink
+from schemas.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to us (we own the whole process's shutdown)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket for uvicorn; port 0 picks a free one (read it back from the socket)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class CollectorServer:
+    """Both receivers plus the sink; ``http_port`` / ``grpc_port`` are known after ``start``."""
+
+    def __init__(self, settings: Settings, sink: RecordSink | None = None) -> None:
+        self.settings = settings
+        if sink is None:
+            if not settings.kafka.external:
+                raise CollectorError(
+                    "no Kafka configured: set KAFKA_BOOTSTRAP_SERVERS (or kafka.bootstrap_servers), "
+                    "or start the local stack with `agentlake up`"
+                )
+            sink = KafkaSink(settings.kafka, max_request_bytes=settings.collector.max_body_bytes)
+        self.sink = sink
+        self.collector = Collector(sink, settings.collector, settings.kafka)
+        self.http_port = 0
+        self.grpc_port = 0
+        self._http: QuietServer | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._grpc: Any = None
+        self._connect_task: asyncio.Task[None] | None = None
+        self._health_cache: tuple[float, bool] = (0.0, False)
+
+    async def health(self) -> dict[str, Any]:
+        """Kafka reachability (probed at most once a second) and delivery counters."""
+        kafka_ok = True
+        if isinstance(self.sink, KafkaSink):
+            at, ok = self._health_cache
+            if time.monotonic() - at > 1.0:
+                ok = self.sink.connected and await kafka_ping(
+                    self.sink.bootstrap, protocol=self.settings.kafka.security_protocol
+                )
+                self._health_cache = (time.monotonic(), ok)
+            kafka_ok = ok
+        stats = self.collector.stats
+        return {
+            "status": "ok" if kafka_ok else "unavailable",
+            "kafka": "reachable" if kafka_ok else "unreachable",
+            "http_port": self.http_port,
+            "grpc_port": self.grpc_port,
+            "acknowledged_spans": stats.acknowledged_spans,
+            "rejected_spans": stats.rejected_spans,
+            "acknowledged_rewards": stats.acknowledged_rewards,
+        }
+
+    async def _connect(self) -> None:
+        assert isinstance(self.sink, KafkaSink)
+        topics = (self.settings.kafka.spans_topic, self.settings.kafka.rewards_topic)
+        while True:
+            try:
+                await asyncio.to_thread(self.sink.connect, topics)
+                log.info("connected to Kafka at %s", self.sink.bootstrap)
+                return
+            except CollectorError as exc:
+                log.warning("%s; retrying in 1s", exc)
+                await asyncio.sleep(1.0)
+
+    async def start(self) -> None:
+        """Connect (in the background) and start listening on both ports."""
+        cfg = self.settings.collector
+        if isinstance(self.sink, KafkaSink):
+            self._connect_task = asyncio.create_task(self._connect())
+        self._grpc = create_server(self.collector)
+        self.grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        await self._grpc.start()
+        sock = bind(cfg.host, cfg.http_port)
+        self.http_port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            create_app(self.collector, self.health),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=15,
+            server_header=False,
+        )
+        self._http = QuietServer(config)
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
+        while not self._http.started:
+            if self._http_task.done():
+                self._http_task.result()
+            await asyncio.sleep(0.01)
+        log.info("collector listening: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d", cfg.host, self.http_port, cfg.host,
+                 self.grpc_port)
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish, then flush and close the producer."""
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            await self._http_task
+        if self._grpc is not None:
+            await self._grpc.stop(grace=10)
+        if isinstance(self.sink, KafkaSink):
+            await asyncio.to_thread(self.sink.close, self.settings.collector.produce_timeout_s * 3)
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set."""
+    server = CollectorServer(settings)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,160 @@
+"""The receiver logic shared by OTLP/HTTP, OTLP/gRPC and /v1/rewards: auth, decode, deliver.
+
+Delivery is idempotent per request body. OTel exporters retry a failed export with the very same
+bytes; if our first attempt timed out towards the client but Kafka later acknowledged it, the
+retry must not write the spans again. So each body (per tenant and topic) is hashed: a retry
+joins the delivery still in flight, or is answered at once when that delivery already succeeded
+within ``dedupe_ttl_s``. A delivery that failed is forgotten, and the retry produces again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from collectors.errors import CollectorError, SinkUnavailable, Unauthorized
+from collectors.records import BodyFormat, Record, TraceSplit, decode_traces, reward_records, split_traces
+from collectors.sink import RecordSink
+from schemas.config import CollectorSettings, KafkaSettings
+from schemas.topics import DEFAULT_TENANT
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stats:
+    """Counters a health endpoint and tests can read."""
+
+    requests: int = 0
+    acknowledged_spans: int = 0
+    rejected_spans: int = 0
+    acknowledged_rewards: int = 0
+    retried_duplicates: int = 0
+    failures: int = 0
+
+
+class Collector:
+    """Turns request bodies into acknowledged Kafka records; raises ``CollectorError`` otherwise."""
+
+    def __init__(
+        self,
+        sink: RecordSink,
+        collector: CollectorSettings,
+        kafka: KafkaSettings,
+        *,
+        dedupe_ttl_s: float = 900.0,
+        dedupe_capacity: int = 200_000,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.sink = sink
+        self.settings = collector
+        self.spans_topic = kafka.spans_topic
+        self.rewards_topic = kafka.rewards_topic
+        self.stats = Stats()
+        self._clock = clock
+        self._ttl_ns = int(dedupe_ttl_s * 1e9)
+        self._capacity = dedupe_capacity
+        self._pending: dict[bytes, asyncio.Future[None]] = {}
+        self._done: OrderedDict[bytes, int] = OrderedDict()
+
+    # --- auth ------------------------------------------------------------------------------------
+    def tenant_for(self, authorization: str | None) -> str:
+        """The tenant of a ``Bearer`` token; ``Unauthorized`` when auth is on and it is unknown."""
+        token = None
+        if authorization:
+            scheme, _, value = authorization.strip().partition(" ")
+            if scheme.lower() == "bearer" and value.strip():
+                token = value.strip()
+        tenant = self.settings.auth_tokens.get(token) if token else None
+        if tenant is not None:
+            return tenant
+        if self.settings.require_auth:
+            if token is None:
+                raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+            raise Unauthorized("unknown bearer token: ask the operator for a token in collector.auth_tokens")
+        return DEFAULT_TENANT
+
+    # --- endpoints -----------------------------------------------------------------------------------
+    async def export_traces(self, body: bytes, *, fmt: BodyFormat, tenant: str) -> TraceSplit:
+        """Decode, split per trace and deliver; returns the split (for partial_success)."""
+        self.stats.requests += 1
+        request = decode_traces(body, fmt)
+        split = split_traces(
+            request,
+            tenant=tenant,
+            topic=self.spans_topic,
+            received_at_ns=self._clock(),
+            original=body if fmt == "protobuf" else None,
+        )
+        self.stats.rejected_spans += split.rejected_spans
+        if split.records:
+            await self._deliver(self._key(tenant, self.spans_topic, body), split.records)
+        self.stats.acknowledged_spans += split.accepted_spans
+        return split
+
+    async def post_rewards(self, body: bytes, *, tenant: str) -> int:
+        """Validate and deliver reward events; returns how many were acknowledged."""
+        self.stats.requests += 1
+        records = reward_records(body, tenant=tenant, topic=self.rewards_topic, received_at_ns=self._clock())
+        await self._deliver(self._key(tenant, self.rewards_topic, body), records)
+        self.stats.acknowledged_rewards += len(records)
+        return len(records)
+
+    # --- idempotent delivery -------------------------------------------------------------------
+    @staticmethod
+    def _key(tenant: str, topic: str, body: bytes) -> bytes:
+        h = hashlib.blake2b(digest_size=20)
+        h.update(tenant.encode())
+        h.update(b"\0")
+        h.update(topic.encode())
+        h.update(b"\0")
+        h.update(body)
+        return h.digest()
+
+    def _seen(self, key: bytes) -> bool:
+        at = self._done.get(key)
+        if at is None:
+            return False
+        if self._clock() - at > self._ttl_ns:
+            del self._done[key]
+            return False
+        return True
+
+    async def _deliver(self, key: bytes, records: Sequence[Record]) -> None:
+        if self._seen(key):
+            self.stats.retried_duplicates += 1
+            return
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self.sink.send(records))
+            self._pending[key] = task
+            task.add_done_callback(lambda t, k=key: self._finished(k, t))
+        else:
+            self.stats.retried_duplicates += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.settings.produce_timeout_s)
+        except TimeoutError as exc:
+            self.stats.failures += 1
+            raise SinkUnavailable(
+                f"Kafka did not acknowledge within {self.settings.produce_timeout_s:.1f}s; retry later"
+            ) from exc
+        except CollectorError:
+            self.stats.failures += 1
+            raise
+        except Exception as exc:  # a sink bug must still look retryable, never lose data silently
+            self.stats.failures += 1
+            log.exception("sink failed")
+            raise SinkUnavailable(f"record store failed: {exc}") from exc
+
+    def _finished(self, key: bytes, task: asyncio.Future[None]) -> None:
+        self._pending.pop(key, None)
+        if task.cancelled() or task.exception() is not None:
+            return
+        self._done[key] = self._clock()
+        while len(self._done) > self._capacity:
+            self._done.popitem(last=False)
