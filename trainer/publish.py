@@ -1,0 +1,377 @@
+"""Republish a model version to the running vLLM, record the outcome, announce it on Kafka.
+
+LoRA (the default): ``POST /v1/load_lora_adapter {"lora_name": <served name>, "lora_path":
+<the version's own folder>, "load_inplace": true}``; vLLM swaps the adapter between requests, no
+restart. A new folder per version matters: vLLM keys loaded adapters by path.
+
+Full weights: vLLM has no stable public endpoint for swapping base weights from a folder, so
+this is a managed restart: pause the gateway (requests queue there, agents see latency, not
+errors), restart vLLM on the new folder through the ``restart`` callable the caller owns (the CLI
+passes one that stops and starts the local vLLM), wait for health, resume the gateway.
+
+Optional evaluation gate: the candidate is loaded under a temporary name and scored next to the
+serving version on held-out tasks; it is published only if it is not worse, else ``rejected``.
+
+Failure: nothing about serving changes (an in-place load that failed is followed by re-loading
+the serving version's folder), the row becomes ``failed`` with the error, a ``failed`` release
+event goes out, and ``PublishError`` is raised. Rollback re-loads the previous version's folder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from schemas import topics
+from schemas.config import KafkaSettings, Settings
+from schemas.tables import MODEL_RELEASE_EVENT, schema_version
+from schemas.validation import validate_record
+from trainer.errors import PublishError, RegistryError
+from trainer.registry import Registry
+
+log = logging.getLogger(__name__)
+
+GATEWAY_PAUSE = "/admin/pause"
+GATEWAY_RESUME = "/admin/resume"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+# --- vLLM over HTTP ----------------------------------------------------------------------------
+class VllmClient:
+    """The few vLLM endpoints publishing needs; errors become ``PublishError`` with vLLM's message."""
+
+    def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            resp = self.http.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise PublishError(f"vLLM at {self.url} unreachable ({type(exc).__name__}: {exc})") from exc
+        if resp.status_code >= 400:
+            raise PublishError(f"vLLM {path} answered {resp.status_code}: {resp.text[:500]}")
+        return resp
+
+    def models(self) -> list[dict[str, Any]]:
+        try:
+            resp = self.http.get("/v1/models")
+            resp.raise_for_status()
+            return list(resp.json()["data"])
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise PublishError(f"vLLM at {self.url}: cannot list models ({exc})") from exc
+
+    def load_lora(self, name: str, path: str, *, inplace: bool = True) -> None:
+        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})
+
+    def unload_lora(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", {"lora_name": name})
+
+    def complete(self, model: str, prompt: str, *, max_tokens: int = 32, temperature: float = 0.0) -> str:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+        return str(self._post("/v1/completions", body).json()["choices"][0]["text"])
+
+    def healthy(self) -> bool:
+        try:
+            return self.http.get("/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        self.http.close()
+
+
+# --- evaluation gate ---------------------------------------------------------------------------
+@dataclass
+class EvalTask:
+    prompt: str
+    answer: str  # the completion must contain it
+
+
+def load_eval_tasks(path: str | Path) -> list[EvalTask]:
+    """Held-out tasks, one JSON object per line: {"prompt": ..., "answer": ...}."""
+    tasks = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            obj = json.loads(line)
+            if not isinstance(obj.get("prompt"), str) or not isinstance(obj.get("answer"), str):
+                raise PublishError(f"{path}:{i}: each line needs string fields 'prompt' and 'answer'")
+            tasks.append(EvalTask(obj["prompt"], obj["answer"]))
+    return tasks
+
+
+def score(client: VllmClient, model: str, tasks: Sequence[EvalTask], *, max_tokens: int = 64) -> float:
+    """Fraction of tasks whose greedy completion contains the answer."""
+    if not tasks:
+        return 0.0
+    hits = sum(t.answer in client.complete(model, t.prompt, max_tokens=max_tokens) for t in tasks)
+    return hits / len(tasks)
+
+
+# --- gateway and Kafka -------------------------------------------------------------------------
+def gateway_call(gateway_url: str | None, path: str) -> bool:
+    """Pause or resume the gateway; a gateway that is absent or lacks the endpoint is tolerated."""
+    if not gateway_url:
+        return False
+    try:
+        resp = httpx.post(f"{gateway_url.rstrip('/')}{path}", timeout=10.0)
+    except httpx.HTTPError as exc:
+        log.warning("gateway %s%s not reachable (%s); publishing without it", gateway_url, path, exc)
+        return False
+    if resp.status_code >= 400:
+        log.warning("gateway %s%s answered %d; publishing without it", gateway_url, path, resp.status_code)
+        return False
+    return True
+
+
+def _kafka_config(kafka: KafkaSettings) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers.split(","),
+        "security_protocol": kafka.security_protocol,
+    }
+    if kafka.sasl_mechanism:
+        cfg.update(
+            sasl_mechanism=kafka.sasl_mechanism,
+            sasl_plain_username=kafka.sasl_username,
+            sasl_plain_password=kafka.sasl_password,
+        )
+    return cfg
+
+
+def release_event(row: dict[str, Any], status: str, *, served_name: str, error: str | None = None) -> dict[str, Any]:
+    """A ``MODEL_RELEASE_EVENT`` for a registry row, validated against the schema."""
+    event = {
+        "version": row["version"],
+        "served_name": served_name,
+        "base_model": row["base_model"],
+        "kind": row["kind"],
+        "path": row["path"],
+        "parent_version": row["parent_version"],
+        "status": status,
+        "timestamp": dt.datetime.now(dt.UTC),
+        "error": error,
+    }
+    return validate_record(event, MODEL_RELEASE_EVENT)
+
+
+def send_release_event(kafka: KafkaSettings | None, event: dict[str, Any]) -> str | None:
+    """Produce the event on the models topic; returns an error text instead of raising (serving changed)."""
+    if kafka is None or not kafka.bootstrap_servers.strip():
+        return "no Kafka configured"
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    value = json.dumps(event, default=lambda v: v.isoformat() if isinstance(v, dt.datetime) else str(v))
+    headers = [
+        (topics.HEADER_SCHEMA_VERSION, str(schema_version(MODEL_RELEASE_EVENT)).encode()),
+        (topics.HEADER_CONTENT_TYPE, topics.JSON_CONTENT_TYPE.encode()),
+        (topics.HEADER_TENANT, topics.DEFAULT_TENANT.encode()),
+    ]
+    try:
+        producer = KafkaProducer(**_kafka_config(kafka), acks="all", request_timeout_ms=15_000)
+        try:
+            producer.send(
+                kafka.models_topic, key=event["served_name"].encode(), value=value.encode(), headers=headers
+            ).get(timeout=20)
+        finally:
+            producer.close(timeout=5)
+    except KafkaError as exc:
+        log.warning("release event for %s not sent: %s", event["version"], exc)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# --- publish and rollback ----------------------------------------------------------------------
+@dataclass
+class PublishResult:
+    version: str
+    status: str  # published | rejected | rolled_back
+    seconds: float
+    previous: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    event_error: str | None = None
+
+
+@dataclass
+class Publisher:
+    """Where versions go: one vLLM, one served name, optional gateway and Kafka."""
+
+    registry: Registry
+    vllm_url: str
+    served_name: str
+    gateway_url: str | None = None
+    kafka: KafkaSettings | None = None
+    restart: Callable[[str], None] | None = None  # full weights: restart vLLM on this folder
+    eval_tasks: Sequence[EvalTask] = ()
+    timeout_s: float = 120.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
+        gw = settings.gateway
+        return cls(
+            registry=Registry(settings.lake.root, dict(settings.lake.storage_options)),
+            vllm_url=vllm_url or settings.vllm.url,
+            served_name=settings.model.served_name,
+            gateway_url=f"http://{gw.host}:{gw.port}",
+            kafka=settings.kafka,
+            **kwargs,
+        )
+
+    def publish(self, version: str) -> PublishResult:
+        """Make ``version`` the served one, or leave serving as it was and record why not."""
+        row = self.registry.get(version)
+        serving = self.registry.serving()
+        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s)
+        t0 = time.perf_counter()
+        scores: dict[str, float] = {}
+        try:
+            if row["kind"] == "lora":
+                self._check_adapter(client, row)
+                if self.eval_tasks:
+                    scores = self._evaluate(client, row, serving)
+                    if scores["candidate"] < scores["serving"]:
+                        return self._finish(row, "rejected", t0, serving, scores, error="worse than serving")
+                client.load_lora(self.served_name, row["path"], inplace=True)
+            else:
+                self._publish_full(client, row)
+        except PublishError as exc:
+            self._restore(client, row, serving)
+            self._finish(row, "failed", t0, serving, scores, error=str(exc))
+            raise
+        finally:
+            client.close()
+        return self._finish(row, "published", t0, serving, scores)
+
+    def rollback(self, to_version: str | None = None) -> PublishResult:
+        """Serve an earlier version again (default: the one published before the serving one)."""
+        current = self.registry.serving()
+        if current is None:
+            raise RegistryError("nothing is published, so there is nothing to roll back")
+        if to_version is None:
+            earlier = [
+                r
+                for r in self.registry.rows()
+                if r["published_at"] is not None
+                and r["version"] != current["version"]
+                and r["publish_status"] in ("published", "rolled_back")
+                and r["published_at"] < current["published_at"]
+            ]
+            if not earlier:
+                raise RegistryError(f"{current['version']} is the first published version; no earlier one to serve")
+            to_version = max(earlier, key=lambda r: r["published_at"])["version"]
+        target = self.registry.get(to_version)
+        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s)
+        t0 = time.perf_counter()
+        try:
+            if target["kind"] == "lora":
+                client.load_lora(self.served_name, target["path"], inplace=True)
+            else:
+                self._publish_full(client, target)
+        except PublishError as exc:
+            self.registry.set_status(current["version"], "published", error=f"rollback failed: {exc}")
+            raise
+        finally:
+            client.close()
+        now = dt.datetime.now(dt.UTC)
+        self.registry.set_status(current["version"], "rolled_back", error=f"rolled back to {to_version}")
+        self.registry.set_status(to_version, "published", published_at=now)
+        err = send_release_event(self.kafka, release_event(current, "rolled_back", served_name=self.served_name))
+        return PublishResult(to_version, "rolled_back", time.perf_counter() - t0, current["version"], event_error=err)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _check_adapter(self, client: VllmClient, row: dict[str, Any]) -> None:
+        """Fail early, before vLLM is touched, on a missing folder or a shadowed served name."""
+        missing = [f for f in ADAPTER_FILES if not (Path(row["path"]) / f).exists()]
+        if missing:
+            raise PublishError(f"{row['path']} lacks {', '.join(missing)}; is it a LoRA checkpoint?")
+        for m in client.models():
+            if m.get("id") == self.served_name and not m.get("parent"):
+                raise PublishError(
+                    f"vLLM serves its base model as {self.served_name!r}, which would shadow an adapter of "
+                    f"that name; start vLLM with another --served-model-name (e.g. {self.served_name}-base)"
+                )
+
+    def _evaluate(self, client: VllmClient, row: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, float]:
+        candidate = f"{self.served_name}-candidate-{row['version']}"
+        baseline = self.served_name if serving is not None else self._base_name(client)
+        client.load_lora(candidate, row["path"], inplace=True)
+        try:
+            return {
+                "candidate": score(client, candidate, self.eval_tasks),
+                "serving": score(client, baseline, self.eval_tasks),
+            }
+        finally:
+            try:
+                client.unload_lora(candidate)
+            except PublishError as exc:
+                log.warning("could not unload evaluation adapter %s: %s", candidate, exc)
+
+    @staticmethod
+    def _base_name(client: VllmClient) -> str:
+        bases = [m["id"] for m in client.models() if not m.get("parent")]
+        if not bases:
+            raise PublishError("vLLM lists no base model to evaluate against")
+        return str(bases[0])
+
+    def _publish_full(self, client: VllmClient, row: dict[str, Any]) -> None:
+        if self.restart is None:
+            raise PublishError(
+                "a full-weight version needs a managed vLLM restart; publish it with "
+                "`agentlake model publish`, which restarts the local vLLM on the new folder"
+            )
+        paused = gateway_call(self.gateway_url, GATEWAY_PAUSE)
+        try:
+            self.restart(row["path"])
+            deadline = time.monotonic() + self.timeout_s
+            while not client.healthy():
+                if time.monotonic() > deadline:
+                    raise PublishError(f"vLLM did not come back within {self.timeout_s:.0f}s on {row['path']}")
+                time.sleep(0.5)
+        finally:
+            if paused:
+                gateway_call(self.gateway_url, GATEWAY_RESUME)
+
+    def _restore(self, client: VllmClient, row: dict[str, Any], serving: dict[str, Any] | None) -> None:
+        """After a failed in-place load, put the serving adapter back (a no-op when it never left)."""
+        if row["kind"] != "lora" or serving is None or serving["kind"] != "lora":
+            return
+        try:
+            client.load_lora(self.served_name, serving["path"], inplace=True)
+        except PublishError as exc:
+            log.warning("could not re-load serving version %s: %s", serving["version"], exc)
+
+    def _finish(
+        self,
+        row: dict[str, Any],
+        status: str,
+        t0: float,
+        serving: dict[str, Any] | None,
+        scores: dict[str, float],
+        *,
+        error: str | None = None,
+    ) -> PublishResult:
+        seconds = time.perf_counter() - t0
+        now = dt.datetime.now(dt.UTC)
+        metrics: dict[str, Any] = {"publish_seconds": round(seconds, 4)}
+        metrics.update({f"eval_{k}": v for k, v in scores.items()})
+        self.registry.set_status(
+            row["version"],
+            status,  # type: ignore[arg-type]
+            error=error,
+            published_at=now if status == "published" else None,
+            metrics=metrics,
+        )
+        err = None
+        if status in ("published", "failed"):
+            err = send_release_event(self.kafka, release_event(row, status, served_name=self.served_name, error=error))
+        return PublishResult(
+            row["version"], status, seconds, serving["version"] if serving else None, scores, event_error=err
+        )
