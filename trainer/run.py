@@ -43,14 +43,17 @@ def pending_transitions(cfg: TrainConfig, registry: Registry) -> tuple[int, int 
     else:
         last = registry.last_trained(table_uri(cfg.lake_root, cfg.table))
         start = last["train_version_end"] if last and last["train_version_end"] is not None else -1
-    end = cfg.version_end if cfg.version_end is not None else latest_version(
-        table_uri(cfg.lake_root, cfg.table), cfg.storage_options
+    end = (
+        cfg.version_end
+        if cfg.version_end is not None
+        else latest_version(table_uri(cfg.lake_root, cfg.table), cfg.storage_options)
     )
     return start, end
 
 
-def train_once(settings: Settings | None = None, *, cfg: TrainConfig | None = None, force: bool = False,
-               **overrides: Any) -> RoundResult:
+def train_once(
+    settings: Settings | None = None, *, cfg: TrainConfig | None = None, force: bool = False, **overrides: Any
+) -> RoundResult:
     """Train one new version on the transitions added since the last one; skip when too few."""
     from trainer.train import train  # torch loads here, not at import
 
@@ -91,8 +94,9 @@ def train_once(settings: Settings | None = None, *, cfg: TrainConfig | None = No
     # Continue the policy that generated the data: the serving version, if it is of our kind.
     parent = registry.serving()
     if parent is not None and parent["kind"] != cfg.finetune:
-        log.warning("serving %s is %s, not %s: starting from the base model", parent["version"], parent["kind"],
-                    cfg.finetune)
+        log.warning(
+            "serving %s is %s, not %s: starting from the base model", parent["version"], parent["kind"], cfg.finetune
+        )
         parent = None
     parent_path = parent["path"] if parent else None
     optimizer_state = load_optimizer_state(parent_path) if parent_path else None  # resume: AdamW moments

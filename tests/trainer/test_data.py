@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from schemas.config import load_settings
+from tests.trainer.helpers import transition, write_transitions
 from trainer.config import TrainConfig, config_from_settings
 from trainer.data import Example, collate, read_transitions, to_examples
 from trainer.errors import TrainerError
-from tests.trainer.helpers import transition, write_transitions
 
 
 def test_version_range_reads_only_rows_added_after_start(lake: Path) -> None:
