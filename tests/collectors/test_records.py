@@ -26,7 +26,9 @@ def kv(key: str, value: str) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
-def make_request(traces: dict[bytes, int], *, resources: int = 1, rollout_on: str | None = None) -> ExportTraceServiceRequest:
+def make_request(
+    traces: dict[bytes, int], *, resources: int = 1, rollout_on: str | None = None
+) -> ExportTraceServiceRequest:
     """``resources`` resources, each with two scopes, spreading spans of ``traces`` over them."""
     req = ExportTraceServiceRequest()
     n = 0
