@@ -144,7 +144,8 @@ def test_http_errors_are_clear_4xx(collector: CollectorServer, settings: Setting
 
 def test_rewards_endpoint(collector: CollectorServer, settings: Settings) -> None:
     url = f"http://127.0.0.1:{collector.http_port}/v1/rewards"
-    r = httpx.post(url, json=[{"value": 1.0, "rollout_id": "r-9", "event_id": "e1"}, {"value": 0, "trace_id": "ab" * 16}])
+    events = [{"value": 1.0, "rollout_id": "r-9", "event_id": "e1"}, {"value": 0, "trace_id": "ab" * 16}]
+    r = httpx.post(url, json=events)
     assert r.status_code == 200 and r.json() == {"accepted": 2}
     r = httpx.post(url, json={"value": "high", "rollout_id": "r-9"})
     assert r.status_code == 400 and r.json()["message"].startswith("value:")
