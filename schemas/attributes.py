@@ -79,6 +79,9 @@ AGL_ATTEMPT_ID = "agentlightning.attempt_id"
 AGL_PROMPT_TOKEN_IDS = "prompt_token_ids"  # written by Agent Lightning's LLM proxy
 AGL_RESPONSE_TOKEN_IDS = "response_token_ids"
 AGL_OPERATION = "agentlightning.operation"
+AGL_REWARD_VALUE_SUFFIX = "value"  # agentlightning.reward.{i}.value
+AGL_REWARD_NAME_SUFFIX = "name"  # agentlightning.reward.{i}.name
+AGL_LEGACY_REWARD = "reward"  # older Agent Lightning reward spans carry a bare "reward" attribute
 
 # --- OTel resource -----------------------------------------------------------------------------
 SERVICE_NAME = "service.name"

@@ -32,7 +32,7 @@ _kafka_origin = [
 # --- bronze ------------------------------------------------------------------------------------
 SPANS = _versioned(
     "spans",
-    1,
+    2,
     [
         pa.field("tenant", pa.string(), nullable=False),
         pa.field("trace_id", pa.string(), nullable=False),  # 32 lowercase hex digits
@@ -50,6 +50,7 @@ SPANS = _versioned(
         pa.field("attempt_id", pa.string()),
         pa.field("task_id", pa.string()),
         pa.field("agent_name", pa.string()),
+        pa.field("rollout_status", pa.string()),  # agentlake.rollout.status where a span sets it (v2)
         # LLM call
         pa.field("llm_response_id", pa.string()),
         pa.field("llm_model", pa.string()),

@@ -1,0 +1,157 @@
+"""Credit assignment and advantages: pure functions over one row per LLM call.
+
+Modes (``reward``, ``return`` and the weight an advantage gets at step t of T calls, R the
+rollout's final reward):
+
+    identical   r_t = R             G_t = R                 w_t = 1        (LightningRL)
+    last_only   r_t = R·[t=T-1]     G_t = r_t               w_t = [t=T-1]
+    discounted  r_t = R·[t=T-1]     G_t = γ^(T-1-t)·R       w_t = γ^(T-1-t)
+    per_step    r_t = matched step rewards (first occurrence; R on the last call when it was not
+                matched to one)     G_t = Σ_{k≥t} γ^(k-t)·r_k
+
+Advantages are computed per rollout from its score S (R, or G_0 for per_step) against its group
+(the task): GRPO (S-mean)/std, RLOO S-mean(others), a running baseline S-b for single-sample
+production traffic, or none; then broadcast to the calls as A·w_t, or for per_step (G_t-b)/s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+
+CreditMode = Literal["identical", "discounted", "per_step", "last_only"]
+AdvantageMode = Literal["grpo", "rloo", "running_baseline", "none"]
+STD_EPS = 1e-6
+BASELINE_DECAY = 0.9  # running baseline: after ~10 samples, an EMA with this decay
+
+
+def match_first_occurrence(call_ends: Sequence[int], reward_times: Sequence[int]) -> list[int | None]:
+    """Agent Lightning's FIRST_OCCURRENCE policy: each reward (in time order) goes to the latest
+    call that ended at or before it and has no reward yet. Returns, per call, the index of its
+    reward in ``reward_times`` or None."""
+    out: list[int | None] = [None] * len(call_ends)
+    for j in sorted(range(len(reward_times)), key=lambda j: reward_times[j]):
+        for i in range(len(call_ends) - 1, -1, -1):
+            if call_ends[i] > reward_times[j] or out[i] is not None:
+                continue
+            out[i] = j
+            break
+    return out
+
+
+@dataclass
+class RunningBaseline:
+    """State of the running baseline, carried from one run to the next in Delta commit metadata."""
+
+    value: float = 0.0
+    count: int = 0
+
+    def advance(self, score: float) -> float:
+        """Return the baseline for ``score`` (before seeing it), then update."""
+        before = self.value if self.count else 0.0
+        self.count += 1
+        rate = max(1.0 / self.count, 1.0 - BASELINE_DECAY)
+        self.value = self.value + rate * (score - self.value) if self.count > 1 else score
+        return before
+
+    def to_json(self) -> str:
+        return json.dumps({"value": self.value, "count": self.count})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> RunningBaseline:
+        if not text:
+            return cls()
+        d = json.loads(text)
+        return cls(float(d["value"]), int(d["count"]))
+
+
+def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.DataFrame:
+    """Add ``reward``, ``return``, ``weight`` and ``score`` to calls.
+
+    ``calls`` needs: rollout key columns ``_rk``, ``step`` (0..T-1), ``n_steps``, ``final_reward``
+    and, for per_step, ``step_reward`` (nullable).
+    """
+    last = pl.col("step") == pl.col("n_steps") - 1
+    R = pl.col("final_reward")
+    k = (pl.col("n_steps") - 1 - pl.col("step")).cast(pl.Float64)
+    if mode == "identical":
+        return calls.with_columns(reward=R, **{"return": R}, weight=pl.lit(1.0), score=R)
+    if mode == "last_only":
+        r = pl.when(last).then(R).otherwise(0.0)
+        return calls.with_columns(reward=r, **{"return": r}, weight=last.cast(pl.Float64), score=R)
+    if mode == "discounted":
+        w = pl.lit(gamma).pow(k) if gamma > 0 else last.cast(pl.Float64)
+        return calls.with_columns(
+            reward=pl.when(last).then(R).otherwise(0.0), **{"return": R * w}, weight=w, score=R
+        )
+    if mode == "per_step":
+        matched_final = (pl.col("step_reward").is_not_null() & pl.col("_final_matched")).any().over("_rk")
+        r = pl.col("step_reward").fill_null(0.0) + pl.when(last & ~matched_final).then(R).otherwise(0.0)
+        df = calls.with_columns(r.alias("reward"))
+        if gamma == 0:
+            df = df.with_columns(pl.col("reward").alias("return"))
+        else:
+            # G_t = Σ_{k≥t} γ^(k-t) r_k = γ^-t · (reverse cumulative sum of γ^k r_k)
+            gk = pl.lit(gamma).pow(pl.col("step").cast(pl.Float64))
+            df = df.sort("_rk", "step").with_columns(
+                ((pl.col("reward") * gk).cum_sum(reverse=True).over("_rk") / gk).alias("return")
+            )
+        return df.with_columns(
+            weight=pl.lit(1.0), score=pl.col("return").filter(pl.col("step") == 0).first().over("_rk")
+        )
+    raise ValueError(f"unknown credit mode {mode!r}; expected identical, discounted, per_step or last_only")
+
+
+def advantages(
+    calls: pl.DataFrame,
+    mode: AdvantageMode,
+    *,
+    normalize_std: bool = True,
+    per_step: bool = False,
+    baseline: RunningBaseline | None = None,
+) -> pl.DataFrame:
+    """Add ``advantage``: computed per rollout from ``score`` over its ``group_id``, then broadcast."""
+    rollouts = calls.group_by("_rk").agg(
+        pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first()
+    )
+    if mode == "grpo":
+        stats = rollouts.group_by("group_id").agg(
+            pl.col("score").mean().alias("_b"),
+            pl.col("score").std(ddof=1).alias("_sd"),
+            pl.len().alias("_n"),
+        )
+        rollouts = rollouts.join(stats, on="group_id").with_columns(
+            pl.when(pl.col("_n") > 1).then(pl.col("_b")).otherwise(pl.col("score")).alias("_b"),
+            (
+                pl.when((pl.col("_n") > 1) & pl.lit(normalize_std)).then(pl.col("_sd") + STD_EPS).otherwise(1.0)
+            ).alias("_s"),
+        )
+    elif mode == "rloo":
+        stats = rollouts.group_by("group_id").agg(pl.col("score").sum().alias("_sum"), pl.len().alias("_n"))
+        rollouts = rollouts.join(stats, on="group_id").with_columns(
+            pl.when(pl.col("_n") > 1)
+            .then((pl.col("_sum") - pl.col("score")) / (pl.col("_n") - 1))
+            .otherwise(pl.col("score"))
+            .alias("_b"),
+            pl.lit(1.0).alias("_s"),
+        )
+    elif mode == "running_baseline":
+        state = baseline if baseline is not None else RunningBaseline()
+        rollouts = rollouts.sort("_order")
+        b = [state.advance(s) for s in rollouts["score"].to_list()]
+        rollouts = rollouts.with_columns(pl.Series("_b", b, pl.Float64), pl.lit(1.0).alias("_s"))
+    elif mode == "none":
+        rollouts = rollouts.with_columns(pl.lit(0.0).alias("_b"), pl.lit(1.0).alias("_s"))
+    else:
+        raise ValueError(f"unknown advantage mode {mode!r}; expected grpo, rloo, running_baseline or none")
+    df = calls.join(rollouts.select("_rk", "_b", "_s"), on="_rk")
+    if per_step:
+        adv = (pl.col("return") - pl.col("_b")) / pl.col("_s")
+    else:
+        adv = (pl.col("score") - pl.col("_b")) / pl.col("_s") * pl.col("weight")
+    return df.with_columns(adv.alias("advantage")).drop("_b", "_s")
+
