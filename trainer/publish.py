@@ -64,6 +64,9 @@ class VllmClient:
     def models(self) -> list[dict[str, Any]]:
         try:
             resp = self.http.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise PublishError(f"vLLM at {self.url} unreachable ({type(exc).__name__}: {exc})") from exc
+        try:
             resp.raise_for_status()
             return list(resp.json()["data"])
         except (httpx.HTTPError, ValueError, KeyError) as exc:

@@ -1,0 +1,210 @@
+"""Publishing: registry status, release events on a real broker, failures that leave serving alone.
+
+vLLM is played by a real HTTP server on a local port that speaks the three endpoints publishing
+uses and answers with whatever status the test sets, so a refusal is a real 4xx/5xx over a real
+socket. Unreachable vLLM is a port nobody listens on. The real vLLM is in test_e2e_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentlake.stack.broker import free_port, kafka_client_config
+from schemas.config import Settings
+from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+from trainer.config import TrainConfig
+from trainer.errors import PublishError
+from trainer.publish import Publisher
+from trainer.registry import Registry
+from trainer.run import train_once
+
+
+class FakeVllm(ThreadingHTTPServer):
+    """Records every POST body; answers ``load_status`` to adapter loads."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.load_status = 200
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def loads(self) -> list[str]:
+        return [b["lora_path"] for p, b in self.requests if p == "/v1/load_lora_adapter"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeVllm
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/v1/models":
+            self._send(200, {"data": [{"id": "base-model", "parent": None}]})
+        else:
+            self._send(200, {})
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        self.server.requests.append((self.path, body))
+        if self.path == "/v1/load_lora_adapter":
+            status = self.server.load_status
+            self._send(status, {"message": "boom: adapter rejected"} if status >= 400 else {})
+        else:
+            self._send(200, {})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def vllm() -> Iterator[FakeVllm]:
+    server = FakeVllm()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture()
+def two_versions(lake: Path, tiny_model_dir: Path) -> Registry:
+    """Two real LoRA checkpoints (v0001, v0002) trained on the tiny model, both pending.
+
+    ``lake`` is ``tmp_path / "lake"``, the same folder the ``settings`` fixture points at.
+    """
+    tok = build_tokenizer()
+    prompt = tok("what is two plus three")["input_ids"]
+    cfg = TrainConfig(
+        lake_root=str(lake),
+        base_model=str(tiny_model_dir),
+        checkpoint_dir=str(lake / "models"),
+        min_new_transitions=1,
+        lora_rank=4,
+        progress=False,
+    )
+    for v in range(2):
+        write_transitions(lake, [transition(i, prompt, tok("good")["input_ids"], advantage=1.0) for i in range(2)])
+        assert train_once(cfg=cfg).version == f"v000{v + 1}"
+    return Registry(str(lake))
+
+
+def _events(settings: Settings) -> list[dict[str, Any]]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(**kafka_client_config(settings.kafka), enable_auto_commit=False)
+    parts = [TopicPartition(settings.kafka.models_topic, p) for p in range(settings.kafka.partitions)]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    out: list[dict[str, Any]] = []
+    for _ in range(10):
+        for records in consumer.poll(timeout_ms=1000).values():
+            out.extend(json.loads(r.value) for r in records)
+        if out and not consumer.poll(timeout_ms=300):
+            break
+    consumer.close()
+    return sorted(out, key=lambda e: e["timestamp"])
+
+
+def _publisher(settings: Settings, url: str, registry: Registry) -> Publisher:
+    # No gateway listens on this port: LoRA publishing never needs it, and its absence is tolerated.
+    return Publisher(
+        registry=registry,
+        vllm_url=url,
+        served_name="agentlake-policy",
+        gateway_url=f"http://127.0.0.1:{free_port()}",
+        kafka=settings.kafka,
+    )
+
+
+@pytest.mark.kafka
+def test_publish_records_status_and_announces_it_then_rolls_back(
+    settings: Settings, vllm: FakeVllm, two_versions: Registry
+) -> None:
+    reg = two_versions
+    pub = _publisher(settings, vllm.url, reg)
+    first = pub.publish("v0001")
+    second = pub.publish("v0002")
+    assert (first.status, second.status, second.previous) == ("published", "published", "v0001")
+    assert reg.serving()["version"] == "v0002"
+    assert vllm.requests[0] == (
+        "/v1/load_lora_adapter",
+        {"lora_name": "agentlake-policy", "lora_path": reg.get("v0001")["path"], "load_inplace": True},
+    )
+
+    back = pub.rollback()
+    assert (back.version, back.previous) == ("v0001", "v0002")
+    assert vllm.loads() == [reg.get(v)["path"] for v in ("v0001", "v0002", "v0001")]
+    assert reg.serving()["version"] == "v0001"
+    assert reg.get("v0002")["publish_status"] == "rolled_back"
+
+    events = _events(settings)
+    assert [(e["version"], e["status"]) for e in events] == [
+        ("v0001", "published"),
+        ("v0002", "published"),
+        ("v0002", "rolled_back"),
+    ]
+    assert all(e["served_name"] == "agentlake-policy" and e["kind"] == "lora" for e in events)
+
+
+@pytest.mark.kafka
+def test_failed_publish_is_recorded_and_serving_is_untouched(
+    settings: Settings, vllm: FakeVllm, two_versions: Registry
+) -> None:
+    reg = two_versions
+    pub = _publisher(settings, vllm.url, reg)
+    pub.publish("v0001")
+    vllm.load_status = 500  # vLLM refuses the next adapter
+    with pytest.raises(PublishError, match="answered 500: .*boom"):
+        pub.publish("v0002")
+    row = reg.get("v0002")
+    assert row["publish_status"] == "failed" and "boom" in row["publish_error"]
+    assert reg.serving()["version"] == "v0001"
+    # The only adapter vLLM accepted is v0001's; the attempt after the refusal re-loads it (also refused here).
+    v1, v2 = reg.get("v0001")["path"], row["path"]
+    assert vllm.loads() == [v1, v2, v1]
+    events = _events(settings)
+    assert [(e["version"], e["status"]) for e in events] == [("v0001", "published"), ("v0002", "failed")]
+    assert "boom" in events[-1]["error"]
+
+
+def test_unreachable_vllm_is_a_recorded_failure(two_versions: Registry) -> None:
+    # A port that was free a moment ago and that nobody listens on: connection refused.
+    pub = Publisher(registry=two_versions, vllm_url=f"http://127.0.0.1:{free_port()}", served_name="p")
+    with pytest.raises(PublishError, match="unreachable"):
+        pub.publish("v0001")
+    assert two_versions.get("v0001")["publish_status"] == "failed"
+    assert two_versions.serving() is None
+
+
+def test_base_model_name_would_shadow_the_adapter(vllm: FakeVllm, two_versions: Registry) -> None:
+    pub = Publisher(registry=two_versions, vllm_url=vllm.url, served_name="base-model")
+    with pytest.raises(PublishError, match="shadow"):
+        pub.publish("v0001")
+    assert vllm.loads() == []  # vLLM was never asked to change anything
+
+
+def test_full_weights_need_a_managed_restart(two_versions: Registry, vllm: FakeVllm) -> None:
+    calls: list[str] = []
+    row = two_versions.get("v0001")
+    two_versions.add(version="v0003", version_number=3, base_model=row["base_model"], kind="full", path=row["path"])
+    with pytest.raises(PublishError, match="managed vLLM restart"):
+        Publisher(registry=two_versions, vllm_url=vllm.url, served_name="p").publish("v0003")
+    pub = Publisher(registry=two_versions, vllm_url=vllm.url, served_name="p", restart=calls.append)
+    assert pub.publish("v0003").status == "published"
+    assert calls == [row["path"]] and vllm.loads() == []
