@@ -11,6 +11,8 @@ import pytest
 from agentlake.stack.broker import LocalBroker, ensure_topics
 from schemas.config import KafkaSettings, Settings, load_settings
 
+pytest_plugins = ["tests.fixtures_vllm"]
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
