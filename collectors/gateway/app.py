@@ -1,0 +1,450 @@
+"""The OpenAI-compatible gateway: a proxy in front of vLLM that records every call as a span.
+
+Upstream, it always asks vLLM for ``return_token_ids`` and logprobs (and streamed usage); to the
+client it returns the normal OpenAI shape, keeping those extras only where the client asked for
+them. Each choice of each call becomes one ``agentlake.llm.call`` span in the caller's trace
+(``traceparent``), carrying exact token ids, logprobs, served model, adapter and policy version.
+Spans go to the sink after the response, off the client's latency path. Upstream errors pass
+through unchanged. ``pause`` answers new calls 429 + Retry-After while in-flight calls finish, so
+weights can be swapped under a quiet server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from collectors.gateway.spans import LlmCall, new_ids, parse_traceparent, span_record, traceparent
+from collectors.sink import RecordSink
+from schemas import attributes as A
+from schemas.config import Settings
+from schemas.topics import DEFAULT_TENANT
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completions"]
+ROLLOUT_HEADER = "x-agentlake-rollout-id"
+ATTEMPT_HEADER = "x-agentlake-attempt-id"
+TASK_HEADER = "x-agentlake-task-id"
+_DROP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "traceparent",
+                 "tracestate", "accept-encoding", "upgrade", "te", "trailer", "proxy-authorization"}
+_MODELS_TTL_S = 30.0
+
+
+def openai_error(status: int, message: str, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+def _force(body: dict[str, Any], kind: Kind) -> dict[str, Any]:
+    """The upstream request: the client's, plus token ids, logprobs and streamed usage."""
+    up = dict(body)
+    up["return_token_ids"] = True
+    if kind == "chat":
+        if not up.get("logprobs"):
+            up["logprobs"] = True
+    elif up.get("logprobs") is None:
+        up["logprobs"] = 0  # vLLM completions: the sampled token's logprob, no alternatives
+    if up.get("stream"):
+        up["stream_options"] = {**(up.get("stream_options") or {}), "include_usage": True}
+    return up
+
+
+class _Asked:
+    """Which extras the client itself asked for (those stay in its answer)."""
+
+    def __init__(self, body: dict[str, Any], kind: Kind) -> None:
+        self.ids = body.get("return_token_ids") is True
+        lp = body.get("logprobs")
+        self.logprobs = bool(lp) if kind == "chat" else lp is not None
+        self.usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+    def strip(self, data: dict[str, Any], *, chunk: bool = False) -> dict[str, Any] | None:
+        if chunk and not self.usage and data.get("usage") is not None and not data.get("choices"):
+            return None  # the usage-only chunk we asked for on our own behalf
+        if chunk and not self.usage:
+            data.pop("usage", None)
+        if not self.ids:
+            data.pop("prompt_token_ids", None)
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if not self.ids:
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
+            if not self.logprobs and "logprobs" in choice:
+                choice["logprobs"] = None
+        return data
+
+
+def _choice_logprobs(choice: dict[str, Any], kind: Kind) -> list[float] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if kind == "chat":
+        content = lp.get("content")
+        return [float(t["logprob"]) for t in content] if isinstance(content, list) else None
+    values = lp.get("token_logprobs")
+    return [float(x) if x is not None else float("nan") for x in values] if isinstance(values, list) else None
+
+
+class _Stream:
+    """Accumulates a streamed answer, choice by choice, into what the spans need."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.meta: dict[str, Any] = {}
+        self.prompt_ids: list[int] | None = None
+        self.choices: dict[int, dict[str, Any]] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for k in ("id", "model"):
+            if chunk.get(k) and k not in self.meta:
+                self.meta[k] = chunk[k]
+        if chunk.get("usage"):
+            self.meta["usage"] = chunk["usage"]
+        if self.prompt_ids is None and isinstance(chunk.get("prompt_token_ids"), list):
+            self.prompt_ids = chunk["prompt_token_ids"]
+        for c in chunk.get("choices") or ():
+            if not isinstance(c, dict):
+                continue
+            acc = self.choices.setdefault(int(c.get("index", 0)), {"ids": [], "lps": [], "text": [], "prompt": None})
+            acc["ids"].extend(c.get("token_ids") or ())
+            acc["lps"].extend(_choice_logprobs(c, self.kind) or ())
+            if isinstance(c.get("prompt_token_ids"), list):
+                acc["prompt"] = c["prompt_token_ids"]
+            piece = (c.get("delta") or {}).get("content") if self.kind == "chat" else c.get("text")
+            if isinstance(piece, str):
+                acc["text"].append(piece)
+            if c.get("finish_reason"):
+                acc["finish"] = c["finish_reason"]
+
+    def as_response(self) -> dict[str, Any]:
+        """The equivalent non-streamed answer, so both paths record spans the same way."""
+        choices = []
+        for i, acc in sorted(self.choices.items()):
+            text = "".join(acc["text"])
+            choice: dict[str, Any] = {"index": i, "token_ids": acc["ids"], "finish_reason": acc.get("finish")}
+            if acc["prompt"] is not None:
+                choice["prompt_token_ids"] = acc["prompt"]
+            if self.kind == "chat":
+                choice["message"] = {"role": "assistant", "content": text}
+                choice["logprobs"] = {"content": [{"logprob": x} for x in acc["lps"]]}
+            else:
+                choice["text"] = text
+                choice["logprobs"] = {"token_logprobs": acc["lps"]}
+            choices.append(choice)
+        return {**self.meta, "prompt_token_ids": self.prompt_ids, "choices": choices}
+
+
+class Gateway:
+    """State of the proxy: upstreams, pause flag, in-flight count, background span writes."""
+
+    def __init__(self, settings: Settings, sink: RecordSink, *, client: httpx.AsyncClient | None = None) -> None:
+        self.settings = settings
+        self.sink = sink
+        self.upstreams = [u.rstrip("/") for u in settings.gateway.upstreams]
+        if not self.upstreams:
+            raise ValueError("gateway.upstreams is empty: name at least one vLLM server URL")
+        self._next = itertools.cycle(range(len(self.upstreams)))
+        self.client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.gateway.request_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+        )
+        self.paused = False
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._models: dict[str, tuple[float, dict[str, str | None]]] = {}
+        self.recorded_spans = 0
+        self.record_failures = 0
+
+    # --- pause / resume ------------------------------------------------------------------------
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once no call is in flight (within ``timeout_s``)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def _enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    # --- spans -----------------------------------------------------------------------------------
+    async def _policy(self, upstream: str, model: str | None) -> tuple[str | None, str | None]:
+        """(adapter, policy version) of a served model name, from the upstream's /v1/models."""
+        if not model:
+            return None, None
+        at, parents = self._models.get(upstream, (0.0, {}))
+        if model not in parents or time.monotonic() - at > _MODELS_TTL_S:
+            try:
+                r = await self.client.get(f"{upstream}/v1/models", timeout=5.0)
+                parents = {m["id"]: m.get("parent") for m in r.json().get("data", []) if isinstance(m, dict)}
+            except (httpx.HTTPError, ValueError, KeyError, AttributeError, TypeError):
+                parents = {}
+            self._models[upstream] = (time.monotonic(), parents)
+        parent = parents.get(model)
+        return (model if parent else None), model
+
+    def record(self, calls: Sequence[LlmCall]) -> None:
+        """Write the spans in the background; shutdown waits for them."""
+        task = asyncio.ensure_future(self._record(calls))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _record(self, calls: Sequence[LlmCall]) -> None:
+        try:
+            for call in calls:
+                call.adapter, call.policy_version = await self._policy(call.upstream, call.response_model)
+            topic = self.settings.kafka.spans_topic
+            now = time.time_ns()
+            records = [span_record(c, tenant=DEFAULT_TENANT, topic=topic, received_at_ns=now) for c in calls]
+            for attempt in range(60):
+                try:
+                    await self.sink.send(records)
+                    self.recorded_spans += len(records)
+                    return
+                except Exception as exc:  # noqa: BLE001 - retry whatever the sink says, then give up loudly
+                    if attempt == 59:
+                        raise
+                    log.warning("could not record LLM call spans yet (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+        except Exception:
+            self.record_failures += len(calls)
+            log.exception("LLM call spans were lost")
+
+    async def close(self) -> None:
+        """Wait for span writes, then close the upstream client."""
+        if self._background:
+            await asyncio.wait(self._background, timeout=60)
+        await self.client.aclose()
+
+    # --- proxying ----------------------------------------------------------------------------------
+    def _headers(self, request: Request, tp: str) -> dict[str, str]:
+        out = {k: v for k, v in request.headers.items() if k not in _DROP_HEADERS and not k.startswith("x-agentlake-")}
+        out["traceparent"] = tp
+        return out
+
+    def _calls(self, data: dict[str, Any], base: LlmCall, kind: Kind) -> list[LlmCall]:
+        choices = [c for c in data.get("choices") or () if isinstance(c, dict)] or [{}]
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        calls = []
+        for n, choice in enumerate(choices):
+            trace_id, span_id = base.trace_id, base.span_id if n == 0 else new_ids()[1]
+            prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
+            output = choice.get("message") if kind == "chat" else {"role": "assistant", "content": choice.get("text")}
+            calls.append(
+                LlmCall(
+                    trace_id=trace_id, span_id=span_id, parent_span_id=base.parent_span_id, start_ns=base.start_ns,
+                    end_ns=base.end_ns, operation=base.operation, upstream=base.upstream, streamed=base.streamed,
+                    request_model=base.request_model, request_messages=base.request_messages,
+                    response_model=data.get("model"), response_id=data.get("id"),
+                    prompt_token_ids=prompt if isinstance(prompt, list) else None,
+                    completion_token_ids=choice.get("token_ids") if isinstance(choice.get("token_ids"), list) else None,
+                    completion_logprobs=_choice_logprobs(choice, kind), output_message=output,
+                    finish_reason=choice.get("finish_reason"), usage=usage or {}, ids=base.ids,
+                )
+            )
+        return calls
+
+    async def completion(self, request: Request, kind: Kind) -> Response:
+        if self.paused:
+            return openai_error(429, "the policy is being updated; retry shortly", "rate_limit_error",
+                                headers={"Retry-After": "1"})
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as exc:
+            return openai_error(400, f"request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return openai_error(400, "request body must be a JSON object")
+        ids = {}
+        rollout = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
+        for key, value in ((A.ROLLOUT_ID, rollout), (A.ATTEMPT_ID, request.headers.get(ATTEMPT_HEADER)),
+                           (A.TASK_ID, request.headers.get(TASK_HEADER))):
+            if value:
+                ids[key] = value
+        parent = parse_traceparent(request.headers.get("traceparent"))
+        trace_id, span_id = new_ids()
+        if parent:
+            trace_id = parent[0]
+        upstream = self.upstreams[next(self._next)]
+        base = LlmCall(
+            trace_id=trace_id, span_id=span_id, parent_span_id=parent[1] if parent else None,
+            start_ns=time.time_ns(), operation="chat" if kind == "chat" else "text_completion", upstream=upstream,
+            streamed=bool(body.get("stream")), request_model=body.get("model") if isinstance(body.get("model"), str)
+            else None, request_messages=body.get("messages") if kind == "chat" else body.get("prompt"), ids=ids,
+        )
+        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        asked = _Asked(body, kind)
+        self._enter()
+        streaming = False
+        try:
+            req = self.client.build_request("POST", upstream + path, json=_force(body, kind),
+                                            headers=self._headers(request, traceparent(trace_id, span_id)))
+            try:
+                resp = await self.client.send(req, stream=True)
+            except httpx.TimeoutException as exc:
+                return self._failed(base, 504, f"upstream {upstream} timed out: {exc}")
+            except httpx.TransportError as exc:
+                return self._failed(base, 502, f"upstream {upstream} is unreachable: {exc}")
+            if resp.status_code != 200 or not base.streamed:
+                content = await resp.aread()
+                await resp.aclose()
+                base.end_ns, base.status_code = time.time_ns(), resp.status_code
+                media = resp.headers.get("content-type", "application/json")
+                if resp.status_code != 200:
+                    base.error = content[:500].decode(errors="replace")
+                    self.record([base])
+                    return Response(content, resp.status_code, media_type=media)  # unchanged
+                try:
+                    data = json.loads(content)
+                except ValueError:
+                    base.error = "upstream answered 200 with a body that is not JSON"
+                    self.record([base])
+                    return Response(content, resp.status_code, media_type=media)
+                self.record(self._calls(data, base, kind))
+                return JSONResponse(asked.strip(data))
+            streaming = True
+            return StreamingResponse(self._relay(resp, base, kind, asked), media_type="text/event-stream")
+        finally:
+            if not streaming:
+                self._leave()
+
+    def _failed(self, base: LlmCall, status: int, message: str) -> Response:
+        base.end_ns, base.status_code, base.error = time.time_ns(), status, message
+        self.record([base])
+        return openai_error(status, message, "upstream_error")
+
+    async def _relay(self, resp: httpx.Response, base: LlmCall, kind: Kind, asked: _Asked) -> AsyncIterator[bytes]:
+        acc = _Stream(kind)
+        done = False
+        try:
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    yield b"data: [DONE]\n\n"
+                    continue
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    yield f"data: {payload}\n\n".encode()
+                    continue
+                if not isinstance(chunk, dict):
+                    yield f"data: {payload}\n\n".encode()
+                    continue
+                if "error" in chunk:
+                    base.error = json.dumps(chunk["error"])[:500]
+                acc.add(chunk)
+                out = asked.strip(chunk, chunk=True)
+                if out is not None:
+                    yield f"data: {json.dumps(out, separators=(',', ':'))}\n\n".encode()
+        finally:
+            await resp.aclose()
+            base.end_ns = time.time_ns()
+            if not done and base.error is None:
+                base.error = "stream ended before [DONE] (client or upstream went away)"
+            self.record(self._calls(acc.as_response(), base, kind))
+            self._leave()
+
+    async def models(self, _: Request) -> Response:
+        """The union of every upstream's /v1/models (errors of the first pass through)."""
+        data: list[Any] = []
+        seen = set()
+        for i, upstream in enumerate(self.upstreams):
+            try:
+                r = await self.client.get(f"{upstream}/v1/models")
+            except httpx.HTTPError as exc:
+                if i == 0 and len(self.upstreams) == 1:
+                    return openai_error(502, f"upstream {upstream} is unreachable: {exc}", "upstream_error")
+                continue
+            if r.status_code != 200:
+                if len(self.upstreams) == 1:
+                    return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
+                continue
+            for m in r.json().get("data", []):
+                if m.get("id") not in seen:
+                    seen.add(m.get("id"))
+                    data.append(m)
+        return JSONResponse({"object": "list", "data": data})
+
+
+def create_app(gateway: Gateway) -> Starlette:
+    """Routes: OpenAI API (also under /rollout/{id}/), admin pause/resume, health."""
+
+    async def chat(request: Request) -> Response:
+        return await gateway.completion(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await gateway.completion(request, "completions")
+
+    async def pause(request: Request) -> Response:
+        gateway.pause()
+        wait = request.query_params.get("wait")
+        idle = True
+        if wait:
+            try:
+                idle = await gateway.wait_idle(float(wait))
+            except ValueError:
+                return openai_error(400, f"wait must be seconds, got {wait!r}")
+        return JSONResponse(_state(gateway) | {"idle": idle})
+
+    async def resume(_: Request) -> Response:
+        gateway.resume()
+        return JSONResponse(_state(gateway))
+
+    async def state(_: Request) -> Response:
+        return JSONResponse(_state(gateway))
+
+    routes = []
+    for prefix in ("", "/rollout/{rollout_id}"):
+        routes += [
+            Route(f"{prefix}/v1/chat/completions", chat, methods=["POST"]),
+            Route(f"{prefix}/v1/completions", completions, methods=["POST"]),
+            Route(f"{prefix}/v1/models", gateway.models, methods=["GET"]),
+        ]
+    routes += [
+        Route("/admin/pause", pause, methods=["POST"]),
+        Route("/admin/resume", resume, methods=["POST"]),
+        Route("/admin/state", state, methods=["GET"]),
+        Route("/health", state, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def _state(gateway: Gateway) -> dict[str, Any]:
+    return {
+        "status": "ok",
+        "paused": gateway.paused,
+        "in_flight": gateway.in_flight,
+        "upstreams": gateway.upstreams,
+        "recorded_spans": gateway.recorded_spans,
+        "record_failures": gateway.record_failures,
+    }

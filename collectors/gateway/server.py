@@ -1,0 +1,82 @@
+"""Run the gateway: uvicorn on ``gateway.host:port``, spans through the Kafka sink, clean SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+
+from collectors.errors import CollectorError
+from collectors.gateway.app import Gateway, create_app
+from collectors.kafka_sink import KafkaSink
+from collectors.server import QuietServer, bind
+from collectors.sink import RecordSink
+from schemas.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class GatewayServer:
+    """The gateway app on a socket; ``port`` is known after ``start``."""
+
+    def __init__(self, settings: Settings, sink: RecordSink | None = None) -> None:
+        self.settings = settings
+        if sink is None:
+            if not settings.kafka.external:
+                raise CollectorError(
+                    "no Kafka configured for the gateway's spans: set KAFKA_BOOTSTRAP_SERVERS, or use `agentlake up`"
+                )
+            sink = KafkaSink(settings.kafka)
+        self.sink = sink
+        self.gateway = Gateway(settings, sink)
+        self.port = 0
+        self._server: QuietServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._connect: asyncio.Task[None] | None = None
+
+    async def _connect_sink(self) -> None:
+        assert isinstance(self.sink, KafkaSink)
+        while True:
+            try:
+                await asyncio.to_thread(self.sink.connect, (self.settings.kafka.spans_topic,))
+                return
+            except CollectorError as exc:
+                log.warning("%s; retrying in 1s", exc)
+                await asyncio.sleep(1.0)
+
+    async def start(self) -> None:
+        if isinstance(self.sink, KafkaSink):
+            self._connect = asyncio.create_task(self._connect_sink())
+        g = self.settings.gateway
+        sock = bind(g.host, g.port)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(create_app(self.gateway), log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=int(min(g.request_timeout_s, 60)), server_header=False)
+        self._server = QuietServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+        log.info("gateway listening on %s:%d -> %s", g.host, self.port, ", ".join(self.gateway.upstreams))
+
+    async def stop(self) -> None:
+        """Finish in-flight calls, write their spans, flush the producer."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task
+        await self.gateway.close()
+        if self._connect is not None:
+            self._connect.cancel()
+        if isinstance(self.sink, KafkaSink):
+            await asyncio.to_thread(self.sink.close, 30.0)
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    server = GatewayServer(settings)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
