@@ -8,7 +8,9 @@ from __future__ import annotations
 
 # Importing a command module registers its commands on `app`.
 from agentlake.cli import model as _model  # noqa: E402,F401
+from agentlake.cli import registry as _registry  # noqa: E402,F401
 from agentlake.cli import stack as _stack  # noqa: E402,F401
+from agentlake.cli import train as _train  # noqa: E402,F401
 from agentlake.cli.app import app, console
 
 __all__ = ["app", "console"]

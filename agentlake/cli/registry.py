@@ -1,0 +1,127 @@
+"""`agentlake model list | show | publish | rollback`: policy versions in the model registry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from agentlake.cli.app import ConfigOption, console, handle_errors, settings_or_exit
+from agentlake.cli.model import model_app
+from schemas.config import Settings
+
+
+def _registry(settings: Settings):  # noqa: ANN202 - keeps the trainer import lazy
+    from trainer.registry import Registry
+
+    return Registry(settings.lake.root, dict(settings.lake.storage_options))
+
+
+def _restart_local_vllm(settings: Settings):  # noqa: ANN202
+    """For full-weight versions: stop the vLLM this state folder manages and start it on the new folder."""
+    from agentlake.stack.vllm import start_vllm, stop_vllm
+
+    def restart(path: str) -> None:
+        stop_vllm(settings)
+        start_vllm(settings, Path(path), on_step=lambda msg: console.print(f"  {msg}"))
+
+    return restart
+
+
+EvalTasksOption = typer.Option(
+    None, "--eval-tasks", help="JSONL of {prompt, answer}: publish only if not worse than the serving version."
+)
+
+
+@model_app.command("list")
+@handle_errors
+def list_versions(config: str | None = ConfigOption) -> None:
+    """Every policy version, oldest first; the serving one is starred."""
+    settings = settings_or_exit(config)
+    reg = _registry(settings)
+    rows = reg.rows()
+    if not rows:
+        console.print(f"no policy versions yet in {reg.uri}; run `agentlake train --once`")
+        return
+    serving = (reg.serving() or {}).get("version")
+    table = Table("version", "parent", "kind", "status", "data (versions)", "rows", "final loss", "created")
+    for r in rows:
+        loss = json.loads(r["metrics"] or "{}").get("final_loss")
+        table.add_row(
+            ("* " if r["version"] == serving else "  ") + r["version"],
+            r["parent_version"] or "-",
+            r["kind"],
+            r["publish_status"],
+            f"({r['train_version_start']}, {r['train_version_end']}]",
+            str(r["n_transitions"] or 0),
+            "-" if loss is None else f"{loss:.4f}",
+            r["created_at"].strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    console.print(table)
+
+
+@model_app.command()
+@handle_errors
+def show(version: str = typer.Argument(..., help="A version, e.g. v0003."), config: str | None = ConfigOption) -> None:
+    """One version: where it lives, what it trained on, its lineage, config and metrics."""
+    settings = settings_or_exit(config)
+    reg = _registry(settings)
+    row = reg.get(version)
+    for key in ("version", "kind", "publish_status", "publish_error", "base_model", "path", "served_name",
+                "train_table", "train_version_start", "train_version_end", "n_transitions", "created_at",
+                "published_at"):  # fmt: skip
+        console.print(f"[bold]{key}[/]: {row[key]}")
+    console.print("[bold]lineage[/]: " + " <- ".join(r["version"] for r in reg.lineage(version)))
+    console.print("[bold]metrics[/]:", json.loads(row["metrics"] or "{}"))
+    console.print("[bold]config[/]:", json.loads(row["config"] or "{}"))
+
+
+@model_app.command()
+@handle_errors
+def publish(
+    version: str | None = typer.Argument(None, help="Version to serve (default: the newest)."),
+    vllm_url: str | None = typer.Option(None, "--vllm-url", help="vLLM base URL (default: from settings)."),
+    eval_tasks: Path | None = EvalTasksOption,
+    config: str | None = ConfigOption,
+) -> None:
+    """Hot-load a LoRA version into vLLM (or restart it on full weights) and announce it."""
+    from trainer.publish import Publisher, load_eval_tasks
+
+    settings = settings_or_exit(config)
+    pub = Publisher.from_settings(
+        settings,
+        vllm_url=vllm_url,
+        restart=_restart_local_vllm(settings),
+        eval_tasks=load_eval_tasks(eval_tasks) if eval_tasks else (),
+    )
+    if version is None:
+        rows = pub.registry.rows()
+        if not rows:
+            console.print("no policy versions to publish; run `agentlake train --once`")
+            raise typer.Exit(1)
+        version = rows[-1]["version"]
+    result = pub.publish(version)
+    colour = "green" if result.status == "published" else "yellow"
+    console.print(f"[{colour}]{result.version} {result.status}[/] in {result.seconds:.2f}s as {pub.served_name}")
+    if result.scores:
+        console.print(f"  eval: candidate {result.scores['candidate']:.3f}, serving {result.scores['serving']:.3f}")
+    if result.event_error:
+        console.print(f"  [yellow]release event not sent:[/] {result.event_error}")
+
+
+@model_app.command()
+@handle_errors
+def rollback(
+    to: str | None = typer.Option(None, "--to", help="Version to serve (default: the one served before)."),
+    vllm_url: str | None = typer.Option(None, "--vllm-url", help="vLLM base URL (default: from settings)."),
+    config: str | None = ConfigOption,
+) -> None:
+    """Serve an earlier version again by re-loading its folder."""
+    from trainer.publish import Publisher
+
+    settings = settings_or_exit(config)
+    pub = Publisher.from_settings(settings, vllm_url=vllm_url, restart=_restart_local_vllm(settings))
+    result = pub.rollback(to)
+    console.print(f"[green]serving {result.version}[/] again (was {result.previous}) in {result.seconds:.2f}s")

@@ -1,0 +1,55 @@
+"""`agentlake train`: training rounds outside Dagster (``--once`` for one, else a polling loop)."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
+
+
+@app.command()
+@handle_errors
+def train(
+    once: bool = typer.Option(False, "--once", help="Run one round and exit (else poll for new data)."),
+    publish: bool = typer.Option(False, "--publish", help="Publish the new version to vLLM afterwards."),
+    force: bool = typer.Option(False, "--force", help="Train even with fewer than trainer.min_new_transitions."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
+    version_start: int | None = typer.Option(None, "--from-version", help="Transitions table version (exclusive)."),
+    version_end: int | None = typer.Option(None, "--to-version", help="Transitions table version (inclusive)."),
+    agent: str | None = typer.Option(None, "--agent", help="Only transitions of agents matching this glob."),
+    interval: float = typer.Option(60.0, "--interval", help="Seconds between polls without --once."),
+    config: str | None = ConfigOption,
+) -> None:
+    """Train a new policy version on the transitions added since the last one."""
+    from trainer.run import train_once
+
+    settings = settings_or_exit(config)
+    overrides = {
+        k: v
+        for k, v in dict(max_steps=max_steps, version_start=version_start, version_end=version_end, agent=agent).items()
+        if v is not None
+    }
+    while True:
+        result = train_once(settings, force=force, **overrides)
+        if result.version is None:
+            console.print(f"[yellow]skipped:[/] {result.reason}")
+        else:
+            m = result.metrics
+            console.print(
+                f"[green]{result.version}[/] from {result.n_transitions} transitions "
+                f"(table versions ({result.version_start}, {result.version_end}]): "
+                f"loss {m.get('first_loss', 0):.4f} -> {m.get('final_loss', 0):.4f}, "
+                f"{m.get('tokens_per_s', 0):.0f} tok/s, saved to {result.path}"
+            )
+            if publish:
+                from agentlake.cli.registry import _restart_local_vllm
+                from trainer.publish import Publisher
+
+                pub = Publisher.from_settings(settings, restart=_restart_local_vllm(settings))
+                outcome = pub.publish(result.version)
+                console.print(f"  {outcome.status} as {pub.served_name} in {outcome.seconds:.2f}s")
+        if once:
+            return
+        time.sleep(interval)
