@@ -85,9 +85,7 @@ def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.Dat
         return calls.with_columns(reward=r, **{"return": r}, weight=last.cast(pl.Float64), score=R)
     if mode == "discounted":
         w = pl.lit(gamma).pow(k) if gamma > 0 else last.cast(pl.Float64)
-        return calls.with_columns(
-            reward=pl.when(last).then(R).otherwise(0.0), **{"return": R * w}, weight=w, score=R
-        )
+        return calls.with_columns(reward=pl.when(last).then(R).otherwise(0.0), **{"return": R * w}, weight=w, score=R)
     if mode == "per_step":
         matched_final = (pl.col("step_reward").is_not_null() & pl.col("_final_matched")).any().over("_rk")
         r = pl.col("step_reward").fill_null(0.0) + pl.when(last & ~matched_final).then(R).otherwise(0.0)
@@ -115,9 +113,7 @@ def advantages(
     baseline: RunningBaseline | None = None,
 ) -> pl.DataFrame:
     """Add ``advantage``: computed per rollout from ``score`` over its ``group_id``, then broadcast."""
-    rollouts = calls.group_by("_rk").agg(
-        pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first()
-    )
+    rollouts = calls.group_by("_rk").agg(pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first())
     if mode == "grpo":
         stats = rollouts.group_by("group_id").agg(
             pl.col("score").mean().alias("_b"),
@@ -126,9 +122,9 @@ def advantages(
         )
         rollouts = rollouts.join(stats, on="group_id").with_columns(
             pl.when(pl.col("_n") > 1).then(pl.col("_b")).otherwise(pl.col("score")).alias("_b"),
-            (
-                pl.when((pl.col("_n") > 1) & pl.lit(normalize_std)).then(pl.col("_sd") + STD_EPS).otherwise(1.0)
-            ).alias("_s"),
+            (pl.when((pl.col("_n") > 1) & pl.lit(normalize_std)).then(pl.col("_sd") + STD_EPS).otherwise(1.0)).alias(
+                "_s"
+            ),
         )
     elif mode == "rloo":
         stats = rollouts.group_by("group_id").agg(pl.col("score").sum().alias("_sum"), pl.len().alias("_n"))
@@ -154,4 +150,3 @@ def advantages(
     else:
         adv = (pl.col("score") - pl.col("_b")) / pl.col("_s") * pl.col("weight")
     return df.with_columns(adv.alias("advantage")).drop("_b", "_s")
-

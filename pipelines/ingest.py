@@ -60,10 +60,8 @@ def make_consumer(kafka: KafkaSettings) -> Any:
     """A kafka-python consumer with no group: positions come from the lake, never from Kafka."""
     from kafka import KafkaConsumer
 
-    from agentlake.stack.broker import kafka_client_config
-
     return KafkaConsumer(
-        **kafka_client_config(kafka),
+        **client_config(kafka),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -72,6 +70,21 @@ def make_consumer(kafka: KafkaSettings) -> Any:
         check_crcs=False,
         consumer_timeout_ms=1000,
     )
+
+
+def client_config(kafka: KafkaSettings) -> dict[str, Any]:
+    """kafka-python connection arguments from the settings (same as the collector's)."""
+    cfg: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers.split(","),
+        "security_protocol": kafka.security_protocol,
+    }
+    if kafka.sasl_mechanism:
+        cfg.update(
+            sasl_mechanism=kafka.sasl_mechanism,
+            sasl_plain_username=kafka.sasl_username,
+            sasl_plain_password=kafka.sasl_password,
+        )
+    return cfg
 
 
 def end_offsets_hint(consumer: Any, topic: str) -> dict[int, int]:
@@ -118,9 +131,7 @@ def _batches(
             empty = 0
             for msgs in polled.values():
                 for m in msgs:
-                    batch.append(
-                        KafkaRecord(m.topic, m.partition, m.offset, m.key, m.value, m.headers, m.timestamp)
-                    )
+                    batch.append(KafkaRecord(m.topic, m.partition, m.offset, m.key, m.value, m.headers, m.timestamp))
         if batch:
             yield batch
         elif empty >= 2:

@@ -24,19 +24,14 @@ _KEYS = ["rollout_id", "attempt_id"]
 
 def _fill_attempts(spans: pl.DataFrame) -> pl.DataFrame:
     """Spans without an attempt id inherit the attempt of their trace (e.g. gateway spans)."""
-    return spans.with_columns(
-        pl.col("attempt_id").fill_null(pl.col("attempt_id").drop_nulls().max().over("trace_id"))
-    )
+    return spans.with_columns(pl.col("attempt_id").fill_null(pl.col("attempt_id").drop_nulls().max().over("trace_id")))
 
 
 def resolve_rewards(events: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     """Give reward events their rollout: named directly, else by trace id, else by LLM response id."""
     if events.is_empty():
         return events
-    by_trace = (
-        spans.select("trace_id", pl.col("rollout_id").alias("_r_trace"))
-        .unique("trace_id", keep="first")
-    )
+    by_trace = spans.select("trace_id", pl.col("rollout_id").alias("_r_trace")).unique("trace_id", keep="first")
     by_resp = (
         spans.filter(pl.col("llm_response_id").is_not_null())
         .select("llm_response_id", pl.col("rollout_id").alias("_r_resp"), pl.col("attempt_id").alias("_a_resp"))
@@ -154,19 +149,23 @@ def assemble(
     # --- one row per attempt
     now_us = pl.lit(now).dt.cast_time_unit("us").dt.replace_time_zone("UTC")
     last_seen = pl.max_horizontal(pl.col("end_time").max(), pl.col("received_at").max())
-    base = spans.sort("start_time").group_by(_KEYS).agg(
-        pl.col("tenant").first(),
-        pl.col("task_id").drop_nulls().first(),
-        pl.col("trace_id").unique(maintain_order=True).alias("trace_ids"),
-        pl.col("agent_name").drop_nulls().unique(maintain_order=True).alias("agents"),
-        pl.len().cast(pl.Int32).alias("n_spans"),
-        pl.col("_repaired").sum().cast(pl.Int32).alias("n_repaired_parents"),
-        pl.col("start_time").min(),
-        pl.col("end_time").max(),
-        pl.col("rollout_status").drop_nulls().last().alias("_explicit"),
-        pl.col("_root").any().alias("_has_root"),
-        (pl.col("_root") & (pl.col("status_code") == "ERROR")).any().alias("_root_error"),
-        last_seen.alias("_last_seen"),
+    base = (
+        spans.sort("start_time")
+        .group_by(_KEYS)
+        .agg(
+            pl.col("tenant").first(),
+            pl.col("task_id").drop_nulls().first(),
+            pl.col("trace_id").unique(maintain_order=True).alias("trace_ids"),
+            pl.col("agent_name").drop_nulls().unique(maintain_order=True).alias("agents"),
+            pl.len().cast(pl.Int32).alias("n_spans"),
+            pl.col("_repaired").sum().cast(pl.Int32).alias("n_repaired_parents"),
+            pl.col("start_time").min(),
+            pl.col("end_time").max(),
+            pl.col("rollout_status").drop_nulls().last().alias("_explicit"),
+            pl.col("_root").any().alias("_has_root"),
+            (pl.col("_root") & (pl.col("status_code") == "ERROR")).any().alias("_root_error"),
+            last_seen.alias("_last_seen"),
+        )
     )
     idle = pl.duration(microseconds=int(idle_timeout_s * 1_000_000))
     status = (

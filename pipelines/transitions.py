@@ -116,10 +116,23 @@ def build(
         pl.coalesce("task_id", "rollout_id").alias("group_id"),
         pl.col("agents").list.first().alias("_agent0"),
     )
-    calls = kept.select(
-        "_rk", "rollout_id", "attempt_id", "tenant", "task_id", "group_id", "final_reward", "day",
-        pl.col("end_time").alias("_order"), "_agent0", "calls",
-    ).explode("calls").unnest("calls")
+    calls = (
+        kept.select(
+            "_rk",
+            "rollout_id",
+            "attempt_id",
+            "tenant",
+            "task_id",
+            "group_id",
+            "final_reward",
+            "day",
+            pl.col("end_time").alias("_order"),
+            "_agent0",
+            "calls",
+        )
+        .explode("calls")
+        .unnest("calls")
+    )
     calls = calls.with_columns(pl.coalesce("agent_name", "_agent0").alias("agent_name"))
 
     # --- agent filter
@@ -160,9 +173,7 @@ def build(
 
     # --- per-step rewards (first-occurrence matching, as Agent Lightning does)
     if mode == "per_step":
-        ends = calls.group_by("_rk", maintain_order=True).agg(
-            pl.col("end_time").dt.epoch("us").fill_null(0)
-        )
+        ends = calls.group_by("_rk", maintain_order=True).agg(pl.col("end_time").dt.epoch("us").fill_null(0))
         by_rk = {r["_rk"]: r for r in kept.select("_rk", "rewards", "final_reward").iter_rows(named=True)}
         step_rewards: list[float | None] = []
         final_matched: dict[str, bool] = {}
@@ -175,9 +186,7 @@ def build(
             pl.col("_rk").replace_strict(final_matched, return_dtype=pl.Boolean).alias("_final_matched"),
         )
     else:
-        calls = calls.with_columns(
-            pl.lit(None, pl.Float64).alias("step_reward"), pl.lit(False).alias("_final_matched")
-        )
+        calls = calls.with_columns(pl.lit(None, pl.Float64).alias("step_reward"), pl.lit(False).alias("_final_matched"))
     calls = calls.with_columns(
         pl.col("response_ids").list.eval(pl.element() * 0 + 1).cast(pl.List(pl.Int8)).alias("loss_mask"),
         pl.lit(1, pl.Int32).alias("merged_calls"),
@@ -227,4 +236,3 @@ def build(
         rollouts=res.rollouts,
         baseline=res.baseline,
     )
-

@@ -7,6 +7,7 @@ Commands stay thin: they parse options, call into the packages, and render with 
 from __future__ import annotations
 
 # Importing a command module registers its commands on `app`.
+from agentlake.cli import lake as _lake  # noqa: E402,F401
 from agentlake.cli import model as _model  # noqa: E402,F401
 from agentlake.cli import registry as _registry  # noqa: E402,F401
 from agentlake.cli import stack as _stack  # noqa: E402,F401

@@ -1,0 +1,110 @@
+"""`agentlake query | tables | replay`: the lake from the command line (logic in pipelines.query/replay)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+import typer
+from rich.table import Table
+
+from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
+
+
+def _lake(config: str | None):  # noqa: ANN202 - returns pipelines.lake.Lake, imported lazily
+    from pipelines.lake import Lake
+
+    s = settings_or_exit(config)
+    return s, Lake(s.lake.root, dict(s.lake.storage_options))
+
+
+def _render(table: pa.Table, fmt: str, output: str | None) -> None:
+    if fmt == "table":
+        t = Table(show_lines=False)
+        for name in table.column_names:
+            t.add_column(name)
+        for row in table.to_pylist():
+            t.add_row(*("" if v is None else str(v) for v in row.values()))
+        console.print(t)
+        console.print(f"[dim]{table.num_rows} rows[/]")
+        return
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        if not output:
+            raise typer.BadParameter("--format parquet needs --output FILE")
+        pq.write_table(table, output)
+        return
+    stream = open(output, "w", newline="") if output else sys.stdout
+    try:
+        if fmt == "csv":
+            import csv
+
+            w = csv.writer(stream)
+            w.writerow(table.column_names)
+            for row in table.to_pylist():
+                w.writerow(list(row.values()))
+        else:
+            for row in table.to_pylist():
+                stream.write(json.dumps(row, default=str) + "\n")
+    finally:
+        if output:
+            stream.close()
+
+
+@app.command()
+@handle_errors
+def query(
+    sql: str = typer.Argument(..., help="SQL over the views spans, rewards, trajectories, transitions, ..."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | parquet"),
+    output: str | None = typer.Option(None, "--output", "-o", help="write to a file instead of stdout"),
+    config: str | None = ConfigOption,
+) -> None:
+    """Run SQL on the lake with DuckDB (one view per Delta table)."""
+    from pipelines.query import run_query
+
+    if fmt not in ("table", "csv", "json", "parquet"):
+        raise typer.BadParameter("--format must be table, csv, json or parquet")
+    _, lake = _lake(config)
+    try:
+        result = run_query(lake, sql)
+    except Exception as exc:  # duckdb errors: show the message, not a traceback
+        if type(exc).__module__.startswith("duckdb") or type(exc).__module__.startswith("_duckdb"):
+            console.print(f"[bold red]query failed:[/] {exc}")
+            raise typer.Exit(1) from exc
+        raise
+    _render(result, fmt, output)
+
+
+@app.command()
+@handle_errors
+def tables(config: str | None = ConfigOption) -> None:
+    """List the lake's tables with row counts and Delta versions."""
+    from pipelines.query import list_tables
+
+    _, lake = _lake(config)
+    t = Table("table", "rows", "version", "files", "path")
+    for info in list_tables(lake):
+        version = "-" if info.version is None else str(info.version)
+        t.add_row(info.name, str(info.rows), version, str(info.files), info.path)
+    console.print(t)
+
+
+@app.command()
+@handle_errors
+def replay(
+    lake_root: str = typer.Option(..., "--lake", help="a fresh lake root to rebuild into"),
+    config: str | None = ConfigOption,
+) -> None:
+    """Rebuild every table from Kafka into a fresh lake root."""
+    from pipelines.lake import Lake
+    from pipelines.replay import replay as run_replay
+
+    s = settings_or_exit(config)
+    if not s.kafka.bootstrap_servers:
+        console.print("[bold red]error:[/] no Kafka address: run `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
+        raise typer.Exit(2)
+    out = run_replay(s, Lake(lake_root, dict(s.lake.storage_options)))
+    for step, res in out.items():
+        console.print(f"{step}: {res if isinstance(res, int) else res.metadata()}")

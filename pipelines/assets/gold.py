@@ -1,0 +1,24 @@
+"""Gold asset: credit-assigned transitions, the trainer's input (read with deltalake, not via Dagster)."""
+
+import time
+
+from dagster import AssetExecutionContext, AutomationCondition, MaterializeResult, asset
+
+from pipelines.assets.silver import trajectories
+from pipelines.resources import LakeResource, PolicyResource
+from pipelines.steps import update_transitions
+
+
+@asset(
+    group_name="gold",
+    deps=[trajectories],
+    automation_condition=AutomationCondition.eager(),
+    description="One row per LLM call of a finished trajectory, with reward, return and advantage.",
+)
+def transitions(context: AssetExecutionContext, lake: LakeResource, policy: PolicyResource) -> MaterializeResult:
+    t0 = time.perf_counter()
+    res = update_transitions(lake.lake(), policy.credit_settings(), retokenizer=policy.retokenizer())
+    context.log.info(f"transitions: {res.rows} rows from {res.rollouts} rollouts")
+    meta = res.metadata()
+    meta["seconds"] = round(time.perf_counter() - t0, 3)
+    return MaterializeResult(metadata=meta)

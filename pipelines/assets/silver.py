@@ -1,0 +1,31 @@
+"""Silver asset: rollouts assembled from spans and rewards, re-scored when a late reward arrives."""
+
+import time
+
+from dagster import AssetExecutionContext, AutomationCondition, MaterializeResult, asset
+
+from pipelines.assets.bronze import rewards, spans
+from pipelines.resources import KafkaResource, LakeResource, PolicyResource
+from pipelines.steps import update_trajectories
+
+# New spans or rewards, or every 15 minutes so idle rollouts reach `timed_out` without new data.
+_CONDITION = AutomationCondition.eager() | (
+    AutomationCondition.cron_tick_passed("*/15 * * * *") & ~AutomationCondition.in_progress()
+)
+
+
+@asset(
+    group_name="silver",
+    deps=[spans, rewards],
+    automation_condition=_CONDITION,
+    description="One row per rollout attempt: status, calls in order, rewards, final reward.",
+)
+def trajectories(
+    context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResource, policy: PolicyResource
+) -> MaterializeResult:
+    t0 = time.perf_counter()
+    res = update_trajectories(lake.lake(), kafka.settings(), idle_timeout_s=policy.idle_timeout_s)
+    context.log.info(f"trajectories: {res.rollouts} rollouts re-assembled")
+    meta = res.metadata()
+    meta["seconds"] = round(time.perf_counter() - t0, 3)
+    return MaterializeResult(metadata=meta)

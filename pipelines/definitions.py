@@ -1,0 +1,17 @@
+"""The `pipelines` code location: assets, checks, jobs, sensor, schedule and resources."""
+
+from dagster import Definitions
+
+from pipelines.assets import all_assets
+from pipelines.automation import ingest_job, kafka_sensor, lake_job, maintenance_job, nightly_maintenance
+from pipelines.checks import all_checks
+from pipelines.resources import resources_from_settings
+
+defs = Definitions(
+    assets=all_assets,
+    asset_checks=all_checks,
+    jobs=[ingest_job, lake_job, maintenance_job],
+    sensors=[kafka_sensor],
+    schedules=[nightly_maintenance],
+    resources=resources_from_settings(),
+)
