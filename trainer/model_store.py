@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from schemas.errors import AgentlakeError
+from trainer.errors import TrainerError
 
 INDEX_FILE = "index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -41,7 +41,7 @@ SAVE_DTYPE = "float32"
 Step = Callable[[str], None]
 
 
-class ModelStoreError(AgentlakeError):
+class ModelStoreError(TrainerError):
     """A model could not be pulled, converted, registered or found."""
 
 

@@ -175,13 +175,20 @@ def vllm_healthy(url: str, *, served_name: str | None = None, timeout_s: float =
         return False
 
 
-def start_vllm(settings: Settings, model_path: Path, *, on_step: Log | None = None) -> ManagedProcess:
+def start_vllm(settings: Settings, model_path: Path | None = None, *, on_step: Log | None = None) -> ManagedProcess:
     """Start vLLM on ``model_path`` and return once it serves ``settings.model.served_name``.
+
+    Without ``model_path`` it serves ``settings.model.base``, pulling it first if it is a known
+    name not cached yet (what ``agentlake up --vllm`` wants on a fresh machine).
 
     ``settings.vllm.port`` 0 picks a free port. A server that exits or does not answer within
     ``startup_timeout_s`` is stopped and reported with the tail of its log.
     """
     step = on_step or (lambda _msg: None)
+    if model_path is None:
+        from trainer.model_store import ensure_model
+
+        model_path = ensure_model(settings.model.base, Path(settings.model.cache_dir), on_step=step)
     model_path = Path(model_path)
     if not (model_path / "config.json").exists():
         raise StackError(f"{model_path} is not a model folder (no config.json); run `agentlake model pull`")
