@@ -230,8 +230,11 @@ def load_settings(
     sources: dict[str, str] = {}
     data: dict[str, Any] = {}
 
-    explicit = path is not None or CONFIG_FILE_ENV in environ
-    file = Path(path if path is not None else environ.get(CONFIG_FILE_ENV, DEFAULT_CONFIG_FILE))
+    from_env = environ.get(CONFIG_FILE_ENV, "").strip()
+    explicit = path is not None or bool(from_env)
+    file = Path(path if path is not None else (from_env or DEFAULT_CONFIG_FILE))
+    if file.is_dir():
+        raise ConfigError(f"config file {file} is a directory; point {CONFIG_FILE_ENV} or --config at a .toml file")
     if file.exists():
         try:
             data = tomllib.loads(file.read_text())
