@@ -105,7 +105,7 @@ def list_tables(lake: Lake) -> list[TableInfo]:
         if dt is None:
             out.append(TableInfo(name, 0, None, 0, lake.uri(name)))
             continue
-        actions = dt.get_add_actions(flatten=True)
+        actions = pa.table(dt.get_add_actions(flatten=True))
         rows_col = actions.column("num_records") if "num_records" in actions.column_names else None
         rows = int(pa.compute.sum(rows_col).as_py() or 0) if rows_col is not None else 0
         out.append(TableInfo(name, rows, dt.version(), actions.num_rows, lake.uri(name)))

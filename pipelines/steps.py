@@ -9,6 +9,7 @@ the same replacement: idempotent, never duplicated.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,7 +152,7 @@ def update_transitions(
     lake: Lake,
     credit: CreditSettings,
     *,
-    retokenizer: Retokenizer | None = None,
+    retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
     now: dt.datetime | None = None,
 ) -> StepResult:
     """Recompute the transitions of every group (task) with a changed trajectory."""

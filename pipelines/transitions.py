@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import fnmatch
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +95,7 @@ def build(
     credit: CreditSettings,
     *,
     now: dt.datetime,
-    retokenizer: Retokenizer | None = None,
+    retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
     baseline: RunningBaseline | None = None,
 ) -> TransitionsResult:
     """`trajectories` rows (all rollouts of the affected groups) to `transitions` rows."""
@@ -152,11 +153,13 @@ def build(
         .alias("response_logprobs"),
     )
     need = calls.filter(~exact)
+    if need.height and callable(retokenizer):
+        retokenizer = retokenizer()  # loaded only when some call lacks token ids
     if need.height:
         prompts: list[list[int] | None] = []
         responses: list[list[int] | None] = []
         for row in need.select("input_messages", "output_messages").iter_rows():
-            enc = retokenizer.encode(row[0], row[1]) if retokenizer is not None else None
+            enc = retokenizer.encode(row[0], row[1]) if isinstance(retokenizer, Retokenizer) else None
             prompts.append(enc[0] if enc else None)
             responses.append(enc[1] if enc else None)
         filled = need.with_columns(
@@ -166,7 +169,8 @@ def build(
         )
         missing = filled.filter(pl.col("response_ids").is_null() | pl.col("prompt_ids").is_null()).height
         if missing:
-            res.dropped["no_tokens" if retokenizer is not None else "no_tokens_no_tokenizer"] += missing
+            tok = isinstance(retokenizer, Retokenizer)
+            res.dropped["no_tokens" if tok else "no_tokens_no_tokenizer"] += missing
         calls = pl.concat([calls.filter(exact), filled.filter(pl.col("response_ids").is_not_null())])
     calls = calls.filter(pl.col("response_ids").list.len() > 0)
     calls = calls.sort("_rk", "step")

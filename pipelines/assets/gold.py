@@ -17,7 +17,7 @@ from pipelines.steps import update_transitions
 )
 def transitions(context: AssetExecutionContext, lake: LakeResource, policy: PolicyResource) -> MaterializeResult:
     t0 = time.perf_counter()
-    res = update_transitions(lake.lake(), policy.credit_settings(), retokenizer=policy.retokenizer())
+    res = update_transitions(lake.lake(), policy.credit_settings(), retokenizer=policy.retokenizer)
     context.log.info(f"transitions: {res.rows} rows from {res.rollouts} rollouts")
     meta = res.metadata()
     meta["seconds"] = round(time.perf_counter() - t0, 3)
