@@ -26,7 +26,6 @@ def kafka_ok(settings: KafkaSettings, bootstrap: str, *, timeout_s: float = 5.0)
         admin = KafkaAdminClient(
             **kafka_client_config(settings, bootstrap),
             request_timeout_ms=int(timeout_s * 1000),
-            api_version_auto_timeout_ms=int(timeout_s * 1000),
         )
     except (KafkaError, OSError, ValueError):
         return False

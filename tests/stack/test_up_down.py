@@ -1,0 +1,62 @@
+"""`agentlake up / status / down` on the real parts: Tansu, the collector and `dagster dev`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentlake.stack.broker import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentlake", *args], env=env, capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLAKE_") and k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env.update(
+        AGENTLAKE_STATE_DIR=str(tmp_path / "state"),
+        AGENTLAKE_LAKE=str(tmp_path / "lake"),
+        AGENTLAKE_COLLECTOR__HTTP_PORT=str(free_port()),
+        AGENTLAKE_COLLECTOR__GRPC_PORT=str(free_port()),
+        AGENTLAKE_DAGSTER__PORT=str(free_port()),
+        COLUMNS="200",
+    )
+    try:
+        up = _cli(env, "up")
+        assert up.returncode == 0, up.stdout + up.stderr
+        status = _cli(env, "status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        for part in ("broker", "collector", "dagster"):
+            line = next(line for line in status.stdout.splitlines() if f" {part} " in line)
+            assert "healthy" in line, status.stdout
+        pids = [int(p.read_text().split('"pid": ')[1].split(",")[0]) for p in (tmp_path / "state/run").glob("*.json")]
+        family = {p for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]}
+        assert len(pids) == 3 and len(family) >= 3
+    finally:
+        down = _cli(env, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "broker" in down.stdout and "collector" in down.stdout and "dagster" in down.stdout
+    gone, alive = psutil.wait_procs(list(family), timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], "down must stop every child it started"
+    assert not list((tmp_path / "state/run").glob("*.json"))
+    after = _cli(env, "status")
+    assert "not started" in after.stdout
+
+
+def test_bad_config_is_a_clear_cli_error(tmp_path: Path) -> None:
+    env = {**os.environ, "AGENTLAKE_COLLECTOR__HTTP_PORT": "not-a-port", "AGENTLAKE_STATE_DIR": str(tmp_path)}
+    result = _cli(env, "status")
+    assert result.returncode == 2
+    assert "collector.http_port" in result.stderr
+    assert "Traceback" not in result.stderr
