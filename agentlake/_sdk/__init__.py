@@ -1,0 +1,1 @@
+"""The agent SDK behind ``agentlake``'s public names (tracing, rollouts, rewards, OpenAI)."""
