@@ -50,7 +50,7 @@ def latest_terminal_attempts(traj: pl.DataFrame) -> tuple[pl.DataFrame, int]:
 def _agent_ok(pattern: str) -> pl.Expr:
     if pattern in ("", "*"):
         return pl.lit(True)
-    regex = fnmatch.translate(pattern)
+    regex = fnmatch.translate(pattern).replace(r"\Z", "$")  # Rust regex spells end-of-text `$`
     return pl.col("agent_name").fill_null("").str.contains(regex)
 
 
