@@ -1,0 +1,217 @@
+"""Collector throughput and latency: OTLP/HTTP and OTLP/gRPC into a real broker, vs raw produce.
+
+    .venv/bin/python benchmarks/bench_collectors.py [--seconds 3] [--batches 1,64,512] [--gateway URL]
+
+Starts a local Tansu broker and ``python -m collectors`` as a subprocess (acks=all, idempotent
+producer), then for each batch size sends OTLP requests of small spans (traces of 8 spans) from
+``--clients`` threads for ``--seconds`` and reports acknowledged spans/s and request latency
+p50/p99. The ceiling is kafka-python producing the very same record bytes (acks=all) in this
+process; the ratio column is collector / ceiling. ``--gateway`` (a vLLM URL) also measures the
+gateway's added latency over calling vLLM directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+from kafka import KafkaProducer
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentlake.stack.broker import LocalBroker, ensure_topics, free_port  # noqa: E402
+from collectors.records import split_traces  # noqa: E402
+from schemas.config import KafkaSettings  # noqa: E402
+
+SPANS_PER_TRACE = 8
+
+
+def make_body(batch: int, seq: int) -> bytes:
+    """``batch`` small spans (4 attributes) in traces of up to 8 spans, one resource and scope."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.add(key="service.name", value={"string_value": "bench-agent"})
+    ss = rs.scope_spans.add()
+    ss.scope.name = "bench"
+    for i in range(batch):
+        t = (seq * 100_000 + i // SPANS_PER_TRACE).to_bytes(16, "big")
+        s = ss.spans.add(trace_id=t, span_id=(seq * 10_000 + i + 1).to_bytes(8, "big"), name="llm.step",
+                         start_time_unix_nano=1_700_000_000_000_000_000 + i,
+                         end_time_unix_nano=1_700_000_001_000_000_000)
+        s.attributes.add(key="agentlake.rollout.id", value={"string_value": f"rollout-{seq}-{i // SPANS_PER_TRACE}"})
+        s.attributes.add(key="gen_ai.operation.name", value={"string_value": "chat"})
+        s.attributes.add(key="gen_ai.usage.input_tokens", value={"int_value": 120})
+        s.attributes.add(key="step", value={"int_value": i})
+    return req.SerializeToString()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def drive(send, bodies: list[bytes], batch: int, seconds: float, clients: int) -> tuple[float, list[float], int]:
+    """Run ``clients`` threads calling ``send(body)`` for ``seconds``; (spans/s, latencies ms, errors).
+
+    Each body is sent once: the collector answers a repeated body from its idempotency cache
+    without producing, which would inflate the numbers.
+    """
+    latencies: list[float] = []
+    order = itertools.count()
+    errors = [0]
+    count = [0]
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def worker(k: int) -> None:
+        local, n, errs = [], 0, 0
+        while time.monotonic() < stop:
+            i = next(order)
+            if i >= len(bodies):
+                break
+            t0 = time.perf_counter()
+            ok = send(bodies[i])
+            local.append((time.perf_counter() - t0) * 1000)
+            n += batch if ok else 0
+            errs += 0 if ok else 1
+        with lock:
+            latencies.extend(local)
+            count[0] += n
+            errors[0] += errs
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return count[0] / (time.monotonic() - start), latencies, errors[0]
+
+
+def raw_ceiling(bootstrap: str, topic: str, bodies: list[bytes], batch: int, seconds: float) -> float:
+    """kafka-python producing the records the collector would write, acks=all, as fast as it can."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=2,
+                             batch_size=1 << 20, max_request_size=17 << 20)
+    splits = [split_traces(ExportTraceServiceRequest.FromString(b), tenant="default", topic=topic,
+                           received_at_ns=time.time_ns(), original=b).records for b in bodies]
+    spans = 0
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() - start < seconds:
+        for r in splits[i % len(splits)]:
+            producer.send(topic, value=r.value, key=r.key, headers=r.headers)
+        spans += batch
+        i += 1
+        if i % 50 == 0:
+            producer.flush()
+    producer.flush()
+    rate = spans / (time.monotonic() - start)
+    producer.close()
+    return rate
+
+
+def gateway_overhead(vllm_url: str, gateway_url: str, n: int = 30) -> tuple[float, float]:
+    body = {"model": httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"],
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
+    with httpx.Client(timeout=120) as c:
+        def p50(url: str) -> float:
+            lat = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                c.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
+                lat.append((time.perf_counter() - t0) * 1000)
+            return statistics.median(lat)
+
+        p50(vllm_url)
+        return p50(vllm_url), p50(gateway_url)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--batches", default="1,64,512")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--max-rate", type=int, default=60_000, help="spans/s to prepare distinct bodies for")
+    ap.add_argument("--gateway", metavar="VLLM_URL", help="also measure gateway overhead against this vLLM")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    broker = LocalBroker().start()
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, spans_topic="bench.spans", rewards_topic="bench.rewards",
+                          models_topic="bench.models", partitions=4)
+    ensure_topics(kafka, broker.bootstrap)
+    http_port, grpc_port, gw_port = free_port(), free_port(), free_port()
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "AGENTLAKE_KAFKA__SPANS_TOPIC": kafka.spans_topic,
+           "AGENTLAKE_KAFKA__REWARDS_TOPIC": kafka.rewards_topic, "AGENTLAKE_COLLECTOR__HTTP_PORT": str(http_port),
+           "AGENTLAKE_COLLECTOR__GRPC_PORT": str(grpc_port), "AGENTLAKE_GATEWAY__PORT": str(gw_port)}
+    if args.gateway:
+        env["AGENTLAKE_GATEWAY__UPSTREAMS"] = f'["{args.gateway}"]'
+    procs = [subprocess.Popen([sys.executable, "-m", "collectors"], env=env, stderr=subprocess.DEVNULL)]
+    if args.gateway:
+        procs.append(subprocess.Popen([sys.executable, "-m", "collectors.gateway"], env=env, stderr=subprocess.DEVNULL))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{http_port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("collector did not become healthy")
+            time.sleep(0.2)
+        print(f"collector: OTLP/HTTP :{http_port}, OTLP/gRPC :{grpc_port}; broker {broker.bootstrap}; "
+              f"{args.clients} client threads, {args.seconds:.0f}s per cell, traces of {SPANS_PER_TRACE} spans")
+        print(f"{'protocol':8} {'batch':>5} {'spans/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+              f"{'raw spans/s':>12} {'ratio':>6}")
+        http = httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=30,
+                            limits=httpx.Limits(max_connections=args.clients * 2))
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+
+        def send_http(body: bytes) -> bool:
+            return http.post("/v1/traces", content=body,
+                             headers={"content-type": "application/x-protobuf"}).status_code == 200
+
+        def send_grpc(body: bytes) -> bool:
+            try:
+                export(body, timeout=30)
+                return True
+            except grpc.RpcError:
+                return False
+
+        seq = itertools.count()
+        for batch in batches:
+            pool = int(args.max_rate * args.seconds / batch) + 20
+            raw = raw_ceiling(broker.bootstrap, kafka.spans_topic, [make_body(batch, next(seq)) for _ in range(64)],
+                              batch, args.seconds)
+            for name, send in (("http", send_http), ("grpc", send_grpc)):
+                bodies = [make_body(batch, next(seq)) for _ in range(pool)]
+                send(bodies.pop())
+                rate, lat, errors = drive(send, bodies, batch, args.seconds, args.clients)
+                print(f"{name:8} {batch:>5} {rate:>10,.0f} {percentile(lat, 0.5):>8.2f} {percentile(lat, 0.99):>8.2f} "
+                      f"{errors:>6} {raw:>12,.0f} {rate / raw:>6.2f}")
+        if args.gateway:
+            direct, through = gateway_overhead(args.gateway, f"http://127.0.0.1:{gw_port}")
+            print(f"gateway: vLLM direct p50 {direct:.1f} ms, through gateway p50 {through:.1f} ms, "
+                  f"overhead {through - direct:.1f} ms")
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()
