@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute is used below
 
 from pipelines.lake import Lake, sql_string
 from schemas.tables import TABLES

@@ -6,6 +6,8 @@ Commands stay thin: they parse options, call into the packages, and render with 
 
 from __future__ import annotations
 
+from agentlake.cli import demo as _demo  # noqa: E402,F401
+
 # Importing a command module registers its commands on `app`.
 from agentlake.cli import lake as _lake  # noqa: E402,F401
 from agentlake.cli import model as _model  # noqa: E402,F401
