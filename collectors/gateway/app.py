@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import PurePath
 from typing import Any, Literal
 
 import httpx
@@ -39,7 +40,7 @@ ATTEMPT_HEADER = "x-agentlake-attempt-id"
 TASK_HEADER = "x-agentlake-task-id"
 _DROP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "traceparent",
                  "tracestate", "accept-encoding", "upgrade", "te", "trailer", "proxy-authorization"}
-_MODELS_TTL_S = 30.0
+_MODELS_TTL_S = 2.0  # short: a LoRA hot swap under the same name must show up as a new policy version
 
 
 def openai_error(status: int, message: str, kind: str = "invalid_request_error",
@@ -167,7 +168,7 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self._background: set[asyncio.Task[None]] = set()
-        self._models: dict[str, tuple[float, dict[str, str | None]]] = {}
+        self._models: dict[str, tuple[float, dict[str, tuple[str | None, str | None]]]] = {}
         self.recorded_spans = 0
         self.record_failures = 0
 
@@ -177,6 +178,7 @@ class Gateway:
 
     def resume(self) -> None:
         self.paused = False
+        self._models.clear()  # weights may have changed while paused
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """True once no call is in flight (within ``timeout_s``)."""
@@ -197,18 +199,28 @@ class Gateway:
 
     # --- spans -----------------------------------------------------------------------------------
     async def _policy(self, upstream: str, model: str | None) -> tuple[str | None, str | None]:
-        """(adapter, policy version) of a served model name, from the upstream's /v1/models."""
+        """(adapter, policy version) of a served model name, from the upstream's /v1/models.
+
+        An adapter's version is the last part of its path (the trainer saves each version in a
+        folder named after it and hot-loads a new path per version); a base model's is its name.
+        """
         if not model:
             return None, None
         at, parents = self._models.get(upstream, (0.0, {}))
         if model not in parents or time.monotonic() - at > _MODELS_TTL_S:
             try:
                 r = await self.client.get(f"{upstream}/v1/models", timeout=5.0)
-                parents = {m["id"]: m.get("parent") for m in r.json().get("data", []) if isinstance(m, dict)}
+                parents = {
+                    m["id"]: (m.get("parent"), m.get("root"))
+                    for m in r.json().get("data", [])
+                    if isinstance(m, dict)
+                }
             except (httpx.HTTPError, ValueError, KeyError, AttributeError, TypeError):
                 parents = {}
             self._models[upstream] = (time.monotonic(), parents)
-        parent = parents.get(model)
+        parent, root = parents.get(model, (None, None))
+        if parent and root:
+            return model, f"{model}@{PurePath(str(root).rstrip('/')).name}"
         return (model if parent else None), model
 
     def record(self, calls: Sequence[LlmCall]) -> None:

@@ -156,7 +156,8 @@ async def test_forces_ids_and_logprobs_but_answers_in_openai_shape(gw, fake: Fak
     assert a[A.LLM_PROMPT_TOKEN_IDS] == [1, 2] and a[A.LLM_COMPLETION_TOKEN_IDS] == [11, 12, 13]
     assert a[A.LLM_COMPLETION_LOGPROBS] == [-0.5, -1.0, -1.5]
     assert a[A.ROLLOUT_ID] == "roll-1" and a[A.LLM_SERVED_MODEL] == "policy-v2"
-    assert a[A.LLM_ADAPTER] == "policy-v2" and a[A.LLM_POLICY_VERSION] == "policy-v2"
+    assert a[A.LLM_ADAPTER] == "policy-v2"
+    assert a[A.LLM_POLICY_VERSION] == "policy-v2@v2"  # adapter name @ the version folder it was loaded from
     assert a[A.GEN_AI_USAGE_INPUT_TOKENS] == 2 and a[A.LLM_LATENCY_MS] >= 0
     assert json.loads(a[A.GEN_AI_INPUT_MESSAGES]) == MSGS
 
