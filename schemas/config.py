@@ -87,7 +87,10 @@ class GatewaySettings(_Section):
 class ModelSettings(_Section):
     base: str = "smollm2-135m"  # a name `agentlake model pull` knows, or a local HF folder
     cache_dir: Path = Path(".agentlake/models")
+    # Agents call `served_name`: the published policy, a LoRA adapter hot-loaded under that name.
+    # vLLM serves the bare base model as `base_served_name`, so the two never shadow each other.
     served_name: str = "agentlake-policy"
+    base_served_name: str = "agentlake-base"
 
 
 class VllmSettings(_Section):

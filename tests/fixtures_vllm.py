@@ -52,7 +52,7 @@ def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         yield VllmServer(
             url=process.address,
-            served_name=settings.model.served_name,
+            served_name=settings.model.base_served_name,
             model_path=smollm2_dir,
             settings=settings,
         )

@@ -141,7 +141,7 @@ def vllm_argv(settings: Settings, model_path: Path, *, port: int, gpu: bool) -> 
     argv = [
         str(venv_python(settings)), "-m", API_MODULE,
         "--model", str(Path(model_path).absolute()),
-        "--served-model-name", settings.model.served_name,
+        "--served-model-name", settings.model.base_served_name,
         "--host", cfg.host,
         "--port", str(port),
         "--max-model-len", str(cfg.max_model_len),
@@ -176,7 +176,7 @@ def vllm_healthy(url: str, *, served_name: str | None = None, timeout_s: float =
 
 
 def start_vllm(settings: Settings, model_path: Path | None = None, *, on_step: Log | None = None) -> ManagedProcess:
-    """Start vLLM on ``model_path`` and return once it serves ``settings.model.served_name``.
+    """Start vLLM on ``model_path`` and return once it serves ``settings.model.base_served_name``.
 
     Without ``model_path`` it serves ``settings.model.base``, pulling it first if it is a known
     name not cached yet (what ``agentlake up --vllm`` wants on a fresh machine).
@@ -207,7 +207,7 @@ def start_vllm(settings: Settings, model_path: Path | None = None, *, on_step: L
         if not managed.is_running():
             processes.stop(state, PROCESS_NAME)
             raise StackError(f"vLLM exited during startup; log {managed.log}:\n{_tail(Path(managed.log))}")
-        if vllm_healthy(url, served_name=settings.model.served_name):
+        if vllm_healthy(url, served_name=settings.model.base_served_name):
             return managed
         time.sleep(1.0)
     processes.stop(state, PROCESS_NAME)

@@ -23,7 +23,7 @@ def test_argv_enables_runtime_lora_and_honours_extra_args(tmp_path: Path) -> Non
     assert argv[:3] == [str(tmp_path / "v" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enable-lora" in argv
     assert argv[argv.index("--max-lora-rank") + 1] == "32"
-    assert argv[argv.index("--served-model-name") + 1] == settings.model.served_name
+    assert argv[argv.index("--served-model-name") + 1] == settings.model.base_served_name
     assert argv[argv.index("--dtype") + 1] == "float32"
     settings.vllm.extra_args = ["--dtype", "bfloat16"]
     assert vllm.vllm_argv(settings, tmp_path / "m", port=8123, gpu=False).count("--dtype") == 1
