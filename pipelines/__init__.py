@@ -1,21 +1,11 @@
 """The Dagster code location that turns the span log in Kafka into Delta tables.
 
-``defs`` is what ``dagster dev`` / ``dagster asset materialize -m pipelines`` load. The pure
-modules (decode, trajectories, credit, transitions, retokenize, query) import no Dagster.
+``defs`` is what ``dagster dev`` (via dagster_home/workspace.yaml) and
+``dagster asset materialize -m pipelines --select '*'`` load. The modules it is built from
+(decode, ingest, trajectories, credit, transitions, retokenize, query, replay) are plain code
+over Arrow/Polars that tests and the CLI call directly.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy, so `import pipelines.query` (the CLI) does not pay for loading Dagster.
-    if name == "defs":
-        from pipelines.definitions import defs
-
-        return defs
-    raise AttributeError(name)
-
+from pipelines.definitions import defs
 
 __all__ = ["defs"]
