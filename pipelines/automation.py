@@ -1,4 +1,4 @@
-"""Jobs, the Kafka sensor and the nightly maintenance schedule."""
+"""Jobs, the Kafka sensor, the training sensor and schedule, and the nightly maintenance schedule."""
 
 import hashlib
 import json
@@ -21,10 +21,12 @@ from dagster import (
 
 from pipelines.ingest import app_id, end_offsets_hint, make_consumer
 from pipelines.lake import Lake
-from pipelines.resources import KafkaResource, LakeResource
+from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+from schemas.config import Settings
 
 ingest_job = define_asset_job("ingest", selection=AssetSelection.groups("bronze"))
 lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold"))
+policy_job = define_asset_job("train", selection=AssetSelection.groups("policy"))
 
 VACUUM_RETENTION_HOURS = 168
 
@@ -97,3 +99,47 @@ def maintenance_job() -> None:
 nightly_maintenance = ScheduleDefinition(
     job=maintenance_job, cron_schedule="0 3 * * *", default_status=DefaultScheduleStatus.RUNNING
 )
+
+
+def new_transitions(settings: Settings) -> tuple[int, int | None]:
+    """(rows added to `transitions` since the last trained version, newest table version)."""
+    from trainer.config import config_from_settings
+    from trainer.data import read_transitions
+    from trainer.registry import Registry
+    from trainer.run import pending_transitions
+
+    cfg = config_from_settings(settings)
+    start, end = pending_transitions(cfg, Registry(cfg.lake_root, cfg.storage_options))
+    if end is None or end <= start:
+        return 0, end
+    data = read_transitions(
+        cfg.lake_root, table=cfg.table, version_start=start, version_end=end, agent=cfg.agent,
+        policy_versions=cfg.policy_versions, storage_options=cfg.storage_options,
+    )
+    return data.rows.num_rows, end
+
+
+@sensor(
+    job=policy_job,
+    minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Trains a new policy version once `trainer.min_new_transitions` new transitions exist.",
+)
+def enough_transitions_sensor(context: SensorEvaluationContext, trainer: TrainerResource) -> SensorResult:
+    settings = trainer.settings()
+    n, end = new_transitions(settings)
+    if n < settings.trainer.min_new_transitions:
+        return SkipReason(f"{n} new transitions, waiting for {settings.trainer.min_new_transitions}")
+    return SensorResult(run_requests=[RunRequest(run_key=f"transitions-v{end}")])
+
+
+def training_schedule() -> ScheduleDefinition:
+    """Retrain on the cron in `trainer.schedule` (off until enabled in the UI; the sensor is on)."""
+    from schemas.config import load_settings
+
+    return ScheduleDefinition(
+        name="train_on_schedule",
+        job=policy_job,
+        cron_schedule=load_settings().trainer.schedule,
+        default_status=DefaultScheduleStatus.STOPPED,
+    )

@@ -3,15 +3,24 @@
 from dagster import Definitions
 
 from pipelines.assets import all_assets
-from pipelines.automation import ingest_job, kafka_sensor, lake_job, maintenance_job, nightly_maintenance
+from pipelines.automation import (
+    enough_transitions_sensor,
+    ingest_job,
+    kafka_sensor,
+    lake_job,
+    maintenance_job,
+    nightly_maintenance,
+    policy_job,
+    training_schedule,
+)
 from pipelines.checks import all_checks
 from pipelines.resources import resources_from_settings
 
 defs = Definitions(
     assets=all_assets,
     asset_checks=all_checks,
-    jobs=[ingest_job, lake_job, maintenance_job],
-    sensors=[kafka_sensor],
-    schedules=[nightly_maintenance],
+    jobs=[ingest_job, lake_job, policy_job, maintenance_job],
+    sensors=[kafka_sensor, enough_transitions_sensor],
+    schedules=[nightly_maintenance, training_schedule()],
     resources=resources_from_settings(),
 )

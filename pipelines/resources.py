@@ -70,6 +70,19 @@ class PolicyResource(ConfigurableResource):
         return load(self.tokenizer_path)
 
 
+class TrainerResource(ConfigurableResource):
+    """Trainer and publishing settings; the rest comes from agentlake settings (file and environment)."""
+
+    publish: bool = True
+    min_new_transitions: int | None = None
+
+    def settings(self) -> Settings:
+        s = load_settings()
+        if self.min_new_transitions is not None:
+            s.trainer.min_new_transitions = self.min_new_transitions
+        return s
+
+
 def resources_from_settings(settings: Settings | None = None) -> dict[str, ConfigurableResource]:
     """Resources for the code location, read from agentlake.toml and the environment."""
     s = settings or load_settings()
@@ -88,4 +101,5 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             sasl_password=s.kafka.sasl_password,
         ),
         "policy": PolicyResource(tokenizer_path=model_dir, credit=credit, idle_timeout_s=idle),
+        "trainer": TrainerResource(),
     }
