@@ -96,10 +96,13 @@ def test_merge_agent_filter_and_drop_counts() -> None:
 
 def test_definitions_load() -> None:
     import pipelines
+    from dagster import AssetKey
 
     defs = pipelines.defs
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"spans", "rewards", "trajectories", "transitions"}
-    assert {defs.resolve_job_def(n).name for n in ("ingest", "lake", "maintenance_job")}
+    assert keys == {"spans", "rewards", "trajectories", "transitions", "policy"}
+    assert {defs.resolve_job_def(n).name for n in ("ingest", "lake", "train", "maintenance_job")}
     assert defs.get_sensor_def("kafka_sensor") and defs.get_schedule_def("maintenance_job_schedule")
+    assert defs.get_sensor_def("enough_transitions_sensor") and defs.get_schedule_def("train_on_schedule")
+    assert graph.get(AssetKey("policy")).parent_keys == {AssetKey("transitions")}
