@@ -8,6 +8,7 @@ so it shows up in the UI.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -31,12 +32,12 @@ class DemoReport:
     seconds: float
 
 
-def materialize_all(settings: Settings, bootstrap: str) -> None:
+def materialize_all(settings: Settings, bootstrap: str, extra_env: dict[str, str] | None = None) -> None:
     """Run every pipeline asset once through the Dagster instance the stack uses."""
-    env = local.child_env(settings, bootstrap)
+    env = {**local.child_env(settings, bootstrap), **(extra_env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions", "--select", "*"],
-        env={**__import__("os").environ, **env}, capture_output=True, text=True, cwd=local.REPO_ROOT, timeout=900,
+        env={**os.environ, **env}, capture_output=True, text=True, cwd=local.REPO_ROOT, timeout=900,
     )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-25:])

@@ -139,7 +139,8 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
                             temperature=plan.temperature)
         agentlake.flush()
         on_step(f"round {rnd}/{plan.rounds}: Dagster ingests, assigns credit, trains and publishes")
-        materialize_all(settings, bootstrap)
+        # Every round trains on what it just produced, however few transitions that is.
+        materialize_all(settings, bootstrap, {"AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": "1"})
         after = serving_version(settings)
         record = RoundRecord(
             round=rnd, policy_version=version, rollouts=len(results),

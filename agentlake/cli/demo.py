@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import typer
 from rich.table import Table
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
@@ -18,20 +19,57 @@ def _arrow_table(title: str, data: pa.Table) -> Table:
     return table
 
 
-@app.command()
-@handle_errors
-def demo(config: str | None = ConfigOption) -> None:
-    """Start the local stack, push a round of agent traces through it, show the tables, stop it."""
+def _smoke(settings) -> None:  # noqa: ANN001 - Settings
     from agentlake.demo import run_smoke_demo
 
+    with console.status("starting") as spinner:
+        report = run_smoke_demo(settings, on_step=lambda msg: spinner.update(msg))
+    console.print(f"[green]sent[/] {report.rollouts_sent} rollouts through the collector")
+    console.print(_arrow_table("lake tables", report.tables))
+    console.print(_arrow_table("reward by task (DuckDB over trajectories)", report.reward_by_task))
+    console.print(f"done in {report.seconds:.0f}s; query more with: .venv/bin/agentlake query \"SQL\"")
+
+
+def _loop(settings, plan) -> None:  # noqa: ANN001 - Settings, LoopPlan
+    from agentlake.loop import run_closed_loop
+
+    with console.status("starting") as spinner:
+        report = run_closed_loop(settings, plan, on_step=lambda msg: (spinner.update(msg), console.log(msg)))
+    table = Table(title="reward per round")
+    for col in ("round", "served by", "rollouts", "mean reward", "trained", "loss", "seconds"):
+        table.add_column(col)
+    for r in report.rounds:
+        table.add_row(str(r.round), r.policy_version, str(r.rollouts), f"{r.mean_reward:.3f}",
+                      r.trained_version or "-", "-" if r.loss is None else f"{r.loss:.4f}", f"{r.seconds:.0f}")
+    console.print(table)
+    console.print(
+        f"held-out greedy accuracy on {report.eval_tasks} tasks: before {report.eval_before:.3f}, "
+        f"after {report.eval_after:.3f} ({report.eval_after - report.eval_before:+.3f})"
+    )
+    console.print(f"reward curve: {report.plot}   total {report.seconds / 60:.1f} min")
+
+
+@app.command()
+@handle_errors
+def demo(
+    smoke: bool = typer.Option(False, "--smoke", help="Only the data path: synthetic traces, no model."),
+    rounds: int = typer.Option(4, min=1, help="Training rounds."),
+    tasks: int = typer.Option(8, min=1, help="Tasks per round."),
+    samples: int = typer.Option(4, min=2, help="Rollouts per task (the GRPO group)."),
+    eval_tasks: int = typer.Option(32, min=1, help="Held-out tasks scored before and after."),
+    seed: int = typer.Option(0),
+    config: str | None = ConfigOption,
+) -> None:
+    """Run the closed loop: agents act, Dagster trains, vLLM serves the new policy; stop everything after."""
     settings = settings_or_exit(config)
     try:
-        with console.status("starting") as spinner:
-            report = run_smoke_demo(settings, on_step=lambda msg: spinner.update(msg))
-        console.print(f"[green]sent[/] {report.rollouts_sent} rollouts through the collector")
-        console.print(_arrow_table("lake tables", report.tables))
-        console.print(_arrow_table("reward by task (DuckDB over trajectories)", report.reward_by_task))
-        console.print(f"done in {report.seconds:.0f}s; query more with: .venv/bin/agentlake query \"SQL\"")
+        if smoke:
+            _smoke(settings)
+        else:
+            from agentlake.loop import LoopPlan
+
+            _loop(settings, LoopPlan(rounds=rounds, tasks_per_round=tasks, samples_per_task=samples,
+                                     eval_tasks=eval_tasks, seed=seed))
     finally:
         stopped = local.down(settings)
         console.print(f"stopped: {', '.join(stopped) or 'nothing'}")

@@ -95,8 +95,9 @@ def test_merge_agent_filter_and_drop_counts() -> None:
 
 
 def test_definitions_load() -> None:
-    import pipelines
     from dagster import AssetKey
+
+    import pipelines
 
     defs = pipelines.defs
     graph = defs.resolve_asset_graph()
