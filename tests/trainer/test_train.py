@@ -89,7 +89,7 @@ def test_full_finetune_with_kl_and_checkpoint_roundtrip(tiny_model_dir: Path, tm
         kl_coef=0.1,
         learning_rate=3e-3,
         batch_size=8,
-        epochs=5,
+        epochs=3,
         progress=False,
         pack=True,
         max_seq_len=64,
