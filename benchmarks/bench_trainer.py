@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--response-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--vllm-url", default=None)
-    ap.add_argument("--served-name", default="agentlake-policy-lora", help="adapter name (not the base's)")
+    ap.add_argument("--served-name", default="agentlake-bench", help="adapter name; not the live policy's")
     args = ap.parse_args()
 
     torch.manual_seed(0)

@@ -299,7 +299,7 @@ class Publisher:
             if m.get("id") == self.served_name and not m.get("parent"):
                 raise PublishError(
                     f"vLLM serves its base model as {self.served_name!r}, which would shadow an adapter of "
-                    f"that name; start vLLM with another --served-model-name (e.g. {self.served_name}-base)"
+                    "that name; set model.base_served_name (vLLM's --served-model-name) to another name"
                 )
 
     def _evaluate(self, client: VllmClient, row: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, float]:

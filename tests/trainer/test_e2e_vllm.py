@@ -24,7 +24,7 @@ from trainer.train import load_policy
 
 PROMPT = "The capital of France is"
 TARGET = " banana banana banana banana"
-ADAPTER = "agentlake-e2e-policy"  # vLLM serves the base model as served_name; adapters need their own name
+ADAPTER = "agentlake-e2e-policy"  # not the base model's name (model.base_served_name), not the live policy's
 
 
 @pytest.mark.slow
