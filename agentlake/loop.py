@@ -1,8 +1,9 @@
 """The closed loop on the embedded default: agents act, Dagster learns, vLLM serves the new policy.
 
 One round = the math agent solves a batch of tasks through the gateway (its spans go through the
-collector into Kafka) -> Dagster materializes spans -> ... -> transitions -> policy (train one
-version, hot-load it into vLLM) -> the next round's calls are served by that version. A held-out
+collector into Kafka) -> Dagster, on its own (Kafka sensor, eager automation, the "enough new
+transitions" sensor), materializes spans -> ... -> transitions -> policy (train one version,
+hot-load it into vLLM) -> the next round's calls are served by that version. A held-out
 task set is scored greedily against vLLM directly (no spans, so evaluation never becomes
 training data) before the first round and after the last.
 """
@@ -18,11 +19,11 @@ from pathlib import Path
 
 from opentelemetry import trace as otel_trace
 
-from agentlake.demo import materialize_all
 from agentlake.stack import local
 from examples.math_agent.agent import run_batch
 from examples.math_agent.tasks import make_tasks
 from schemas.config import Settings
+from schemas.errors import AgentlakeError
 
 Step = Callable[[str], None]
 
@@ -57,6 +58,7 @@ class LoopPlan:
     temperature: float = 1.0
     concurrency: int = 8
     seed: int = 0
+    train_timeout_s: float = 900.0
 
 
 def evaluate(settings: Settings, n_tasks: int, *, seed: int) -> float:
@@ -74,6 +76,20 @@ def serving_version(settings: Settings) -> str:
 
     row = Registry(settings.lake.root, dict(settings.lake.storage_options)).serving()
     return str(row["version"]) if row else "base"
+
+
+def wait_for_new_version(settings: Settings, current: str, *, timeout_s: float) -> str:
+    """Block until the registry serves a version other than ``current`` (Dagster's sensors train it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        version = serving_version(settings)
+        if version != current:
+            return version
+        time.sleep(3)
+    raise AgentlakeError(
+        f"no new policy version within {timeout_s:.0f}s of the round; see the runs in the Dagster UI "
+        f"(http://{settings.dagster.host}:{settings.dagster.port}) and {local.state_dir(settings) / 'logs'}"
+    )
 
 
 def plot_rewards(report: LoopReport, path: Path) -> Path:
@@ -110,13 +126,13 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
     from trainer.model_store import ensure_model
 
     started = time.monotonic()
+    # Dagster's sensor trains once a round's worth of transitions (at least one per rollout) is in.
+    settings.trainer.min_new_transitions = plan.tasks_per_round * plan.samples_per_task
     on_step(f"pulling {settings.model.base}")
     ensure_model(settings.model.base, settings.model.cache_dir)
     on_step("preparing the vLLM environment (first time: a few minutes)")
     ensure_vllm_venv(settings)
     local.up(settings, with_vllm=True, on_step=lambda part: on_step(f"starting {part}"))
-    bootstrap = local.bootstrap_servers(settings)
-    assert bootstrap is not None
     on_step("publishing the initial policy")
     ensure_initial_policy(settings)
 
@@ -138,10 +154,8 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
         results = run_batch(gateway, batch, model=settings.model.served_name, concurrency=plan.concurrency,
                             temperature=plan.temperature)
         agentlake.flush()
-        on_step(f"round {rnd}/{plan.rounds}: Dagster ingests, assigns credit, trains and publishes")
-        # Every round trains on what it just produced, however few transitions that is.
-        materialize_all(settings, bootstrap, {"AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": "1"})
-        after = serving_version(settings)
+        on_step(f"round {rnd}/{plan.rounds}: waiting for Dagster to ingest, assign credit, train and publish")
+        after = wait_for_new_version(settings, version, timeout_s=plan.train_timeout_s)
         record = RoundRecord(
             round=rnd, policy_version=version, rollouts=len(results),
             mean_reward=statistics.fmean(r.reward for r in results), seconds=time.monotonic() - t0,

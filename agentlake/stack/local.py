@@ -58,6 +58,7 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
         "AGENTLAKE_STATE_DIR": str(state_dir(settings)),
         "AGENTLAKE_MODEL__CACHE_DIR": str(settings.model.cache_dir.resolve()),
         "DAGSTER_HOME": str(settings.dagster.home.resolve()),
+        "AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": str(settings.trainer.min_new_transitions),
         "PYTHONUNBUFFERED": "1",
     }
 
