@@ -32,11 +32,13 @@ class DemoReport:
     seconds: float
 
 
-def materialize_all(settings: Settings, bootstrap: str, extra_env: dict[str, str] | None = None) -> None:
-    """Run every pipeline asset once through the Dagster instance the stack uses."""
+def materialize_all(
+    settings: Settings, bootstrap: str, extra_env: dict[str, str] | None = None, *, select: str = "*"
+) -> None:
+    """Run pipeline assets (default: all) once through the Dagster instance the stack uses."""
     env = {**local.child_env(settings, bootstrap), **(extra_env or {})}
     result = subprocess.run(
-        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions", "--select", "*"],
+        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions", "--select", select],
         env={**os.environ, **env}, capture_output=True, text=True, cwd=local.REPO_ROOT, timeout=900,
     )
     if result.returncode != 0:

@@ -1,9 +1,12 @@
 """The closed loop on the embedded default: agents act, Dagster learns, vLLM serves the new policy.
 
 One round = the math agent solves a batch of tasks through the gateway (its spans go through the
-collector into Kafka) -> Dagster, on its own (Kafka sensor, eager automation, the "enough new
-transitions" sensor), materializes spans -> ... -> transitions -> policy (train one version,
-hot-load it into vLLM) -> the next round's calls are served by that version. A held-out
+collector into Kafka) -> Dagster, on its own (Kafka sensor, eager automation), materializes
+spans -> rewards -> trajectories -> transitions -> once every rollout of the round is in
+`transitions`, the loop launches the `policy` asset in the same Dagster instance (train one
+version, hot-load it into vLLM) -> the next round's calls are served by that version. (In
+production the "enough new transitions" sensor launches `policy`; here it is held back so each
+round trains on exactly its own rollouts.) A held-out
 task set is scored greedily against vLLM directly (no spans, so evaluation never becomes
 training data) before the first round and after the last.
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from opentelemetry import trace as otel_trace
 
+from agentlake.demo import materialize_all
 from agentlake.stack import local
 from examples.math_agent.agent import run_batch
 from examples.math_agent.tasks import make_tasks
@@ -78,6 +82,29 @@ def serving_version(settings: Settings) -> str:
     return str(row["version"]) if row else "base"
 
 
+def wait_for_transitions(settings: Settings, rollout_ids: set[str], *, timeout_s: float) -> None:
+    """Block until every rollout in ``rollout_ids`` has transitions in the lake."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = settings.lake.root.rstrip("/") + "/transitions"
+    deadline = time.monotonic() + timeout_s
+    seen: set[str] = set()
+    while time.monotonic() < deadline:
+        try:
+            table = DeltaTable(uri, storage_options=dict(settings.lake.storage_options) or None)
+            seen = set(table.to_pyarrow_table(columns=["rollout_id"]).column("rollout_id").to_pylist())
+        except TableNotFoundError:
+            pass
+        if rollout_ids <= seen:
+            return
+        time.sleep(3)
+    raise AgentlakeError(
+        f"{len(rollout_ids - seen)} of {len(rollout_ids)} rollouts never reached `transitions` within "
+        f"{timeout_s:.0f}s; see the Dagster UI and {local.state_dir(settings) / 'logs'}"
+    )
+
+
 def wait_for_new_version(settings: Settings, current: str, *, timeout_s: float) -> str:
     """Block until the registry serves a version other than ``current`` (Dagster's sensors train it)."""
     deadline = time.monotonic() + timeout_s
@@ -126,13 +153,15 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
     from trainer.model_store import ensure_model
 
     started = time.monotonic()
-    # Dagster's sensor trains once a round's worth of transitions (at least one per rollout) is in.
-    settings.trainer.min_new_transitions = plan.tasks_per_round * plan.samples_per_task
+    # The loop, not the sensor, decides when a round's data is complete (see the module docstring).
+    settings.trainer.min_new_transitions = 10**9
     on_step(f"pulling {settings.model.base}")
     ensure_model(settings.model.base, settings.model.cache_dir)
     on_step("preparing the vLLM environment (first time: a few minutes)")
     ensure_vllm_venv(settings)
     local.up(settings, with_vllm=True, on_step=lambda part: on_step(f"starting {part}"))
+    bootstrap = local.bootstrap_servers(settings)
+    assert bootstrap is not None
     on_step("publishing the initial policy")
     ensure_initial_policy(settings)
 
@@ -154,8 +183,11 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
         results = run_batch(gateway, batch, model=settings.model.served_name, concurrency=plan.concurrency,
                             temperature=plan.temperature)
         agentlake.flush()
-        on_step(f"round {rnd}/{plan.rounds}: waiting for Dagster to ingest, assign credit, train and publish")
-        after = wait_for_new_version(settings, version, timeout_s=plan.train_timeout_s)
+        on_step(f"round {rnd}/{plan.rounds}: waiting for Dagster to ingest spans and build transitions")
+        wait_for_transitions(settings, {r.rollout_id for r in results}, timeout_s=plan.train_timeout_s)
+        on_step(f"round {rnd}/{plan.rounds}: Dagster trains and publishes a new policy version")
+        materialize_all(settings, bootstrap, {"AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": "1"}, select="policy")
+        after = wait_for_new_version(settings, version, timeout_s=60)
         record = RoundRecord(
             round=rnd, policy_version=version, rollouts=len(results),
             mean_reward=statistics.fmean(r.reward for r in results), seconds=time.monotonic() - t0,
