@@ -9,6 +9,7 @@ the same settings as the parent.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -48,19 +49,33 @@ def bootstrap_servers(settings: Settings) -> str | None:
 
 
 def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
-    """Environment for every child: same settings, absolute paths, the live broker address."""
-    lake = settings.lake.root
-    if "://" not in lake:
-        lake = str(Path(lake).resolve())
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "AGENTLAKE_LAKE": lake,
-        "AGENTLAKE_STATE_DIR": str(state_dir(settings)),
-        "AGENTLAKE_MODEL__CACHE_DIR": str(settings.model.cache_dir.resolve()),
-        "DAGSTER_HOME": str(settings.dagster.home.resolve()),
-        "AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": str(settings.trainer.min_new_transitions),
-        "PYTHONUNBUFFERED": "1",
+    """Environment for every child: exactly these settings, absolute paths, the live broker address.
+
+    Every setting is exported as ``AGENTLAKE_<SECTION>__<KEY>`` (JSON for lists and tables), so a
+    child reading its settings from the environment sees what the parent resolved, overrides included.
+    """
+    dumped = settings.model_dump(mode="json")
+    dumped["kafka"]["bootstrap_servers"] = bootstrap
+    dumped["state"]["dir"] = str(state_dir(settings))
+    if "://" not in settings.lake.root:
+        dumped["lake"]["root"] = str(Path(settings.lake.root).resolve())
+    dumped["model"]["cache_dir"] = str(settings.model.cache_dir.resolve())
+    dumped["dagster"]["home"] = str(settings.dagster.home.resolve())
+    dumped["vllm"]["venv"] = str(settings.vllm.venv.resolve())
+    env = {
+        f"AGENTLAKE_{section.upper()}__{key.upper()}": value if isinstance(value, str) else json.dumps(value)
+        for section, values in dumped.items()
+        for key, value in values.items()
+        if value is not None
     }
+    env.update(
+        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+        AGENTLAKE_LAKE=dumped["lake"]["root"],
+        AGENTLAKE_STATE_DIR=dumped["state"]["dir"],
+        DAGSTER_HOME=dumped["dagster"]["home"],
+        PYTHONUNBUFFERED="1",
+    )
+    return env
 
 
 def _wait(what: str, probe: Callable[[], bool], proc: processes.ManagedProcess, timeout_s: float) -> None:
