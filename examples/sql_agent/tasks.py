@@ -3,7 +3,7 @@
 Questions come from templates filled with values drawn from the database itself, so every
 question has a non-empty, unambiguous answer. A stable hash of the question text puts it in the
 ``train`` or the ``heldout`` split, so the held-out set never shares a question with training,
-whatever seeds either side uses. The prompt shows the schema and two worked examples: SmolLM2-135M
+whatever seeds either side uses. The prompt shows the schema and five worked examples: SmolLM2-135M
 writes usable SQL only when shown the format (see DESIGN.md, "Learning signal").
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from examples.sql_agent.database import SCHEMA, connect
+from examples.sql_agent.database import connect
 from examples.sql_agent.sqlrun import execute
 
 Split = Literal["train", "heldout"]
@@ -159,23 +159,32 @@ def heldout_tasks(n: int = 32) -> list[SqlTask]:
 
 
 SYSTEM_PROMPT = (
-    "You write SQLite queries for this database:\n"
-    f"{SCHEMA}\n"
-    "Answer every question with exactly one line `SQL: <query>;` and nothing else. "
-    "If you get `ERROR: <message>`, write a corrected `SQL:` line."
+    "You write SQLite queries. The tables are:\n"
+    "customers(id, name, city, age)\n"
+    "products(id, name, category, price)\n"
+    "orders(id, customer_id, product_id, quantity, order_date)\n"
+    "Answer with exactly one line `SQL: <query>;`. If you get `ERROR: <message>`, write a corrected `SQL:` line."
 )
 
+# Shapes like the templates', never one of their questions: one filter, one count, one lookup, one
+# join and one ordered list, the least a 135M model needs to copy the format and the column names.
 WORKED_EXAMPLE: list[dict[str, str]] = [
-    {"role": "user", "content": "How many customers are younger than 30?"},
-    {"role": "assistant", "content": "SQL: SELECT COUNT(*) FROM customers WHERE age < 30;"},
-    {"role": "user", "content": "What is the total quantity of all orders placed by Lea?"},
-    {"role": "assistant", "content": "SQL: SELECT SUM(quantity) FROM orders JOIN customers ON orders.customer_id = "
-                                     "customers.id WHERE customers.name = 'Lea';"},
+    {"role": "user", "content": "List the names of customers younger than 21."},
+    {"role": "assistant", "content": "SQL: SELECT name FROM customers WHERE age < 21;"},
+    {"role": "user", "content": "How many products are in the toys category?"},
+    {"role": "assistant", "content": "SQL: SELECT COUNT(*) FROM products WHERE category = 'toys';"},
+    {"role": "user", "content": "What is the category of the Mug?"},
+    {"role": "assistant", "content": "SQL: SELECT category FROM products WHERE name = 'Mug';"},
+    {"role": "user", "content": "How many orders did customers from Lima place?"},
+    {"role": "assistant", "content": "SQL: SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = "
+                                     "customers.id WHERE customers.city = 'Lima';"},
+    {"role": "user", "content": "List the names of the 2 oldest customers, oldest first."},
+    {"role": "assistant", "content": "SQL: SELECT name FROM customers ORDER BY age DESC LIMIT 2;"},
 ]
 
 
 def initial_messages(task: SqlTask) -> list[dict[str, str]]:
-    """The chat a rollout starts from: schema and format, two worked examples, the question."""
+    """The chat a rollout starts from: schema and format, the worked examples, the question."""
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         *WORKED_EXAMPLE,
