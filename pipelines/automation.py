@@ -5,6 +5,7 @@ import json
 
 from dagster import (
     AssetSelection,
+    AutomationConditionSensorDefinition,
     DefaultScheduleStatus,
     DefaultSensorStatus,
     OpExecutionContext,
@@ -27,6 +28,16 @@ from schemas.config import Settings
 ingest_job = define_asset_job("ingest", selection=AssetSelection.groups("bronze"))
 lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold"))
 policy_job = define_asset_job("train", selection=AssetSelection.groups("policy"))
+
+# Evaluates the eager conditions on trajectories and transitions. Dagster creates a default one
+# too, but it starts switched off; this one is on as soon as `dagster dev` or the daemon runs.
+lake_automation_sensor = AutomationConditionSensorDefinition(
+    "lake_automation",
+    target=AssetSelection.groups("silver", "gold"),
+    default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=10,
+    description="Materializes trajectories and transitions as soon as their upstream tables change.",
+)
 
 VACUUM_RETENTION_HOURS = 168
 

@@ -7,6 +7,7 @@ from pipelines.automation import (
     enough_transitions_sensor,
     ingest_job,
     kafka_sensor,
+    lake_automation_sensor,
     lake_job,
     maintenance_job,
     nightly_maintenance,
@@ -20,7 +21,7 @@ defs = Definitions(
     assets=all_assets,
     asset_checks=all_checks,
     jobs=[ingest_job, lake_job, policy_job, maintenance_job],
-    sensors=[kafka_sensor, enough_transitions_sensor],
+    sensors=[kafka_sensor, lake_automation_sensor, enough_transitions_sensor],
     schedules=[nightly_maintenance, training_schedule()],
     resources=resources_from_settings(),
 )
