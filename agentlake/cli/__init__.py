@@ -6,6 +6,7 @@ Commands stay thin: they parse options, call into the packages, and render with 
 
 from __future__ import annotations
 
+from agentlake.cli import collect as _collect  # noqa: E402,F401
 from agentlake.cli import demo as _demo  # noqa: E402,F401
 
 # Importing a command module registers its commands on `app`.

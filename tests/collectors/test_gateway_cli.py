@@ -1,0 +1,47 @@
+"""`agentlake gateway pause | resume | state` against a real gateway process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+
+from agentlake.stack.broker import free_port
+from schemas.config import KafkaSettings
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentlake", "gateway", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_pause_resume_state(kafka_settings: KafkaSettings) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLAKE_")}
+    env.update(AGENTLAKE_GATEWAY__PORT=str(port), KAFKA_BOOTSTRAP_SERVERS=kafka_settings.bootstrap_servers,
+               AGENTLAKE_GATEWAY__UPSTREAMS=f'["http://127.0.0.1:{free_port()}"]', COLUMNS="200")
+    proc = subprocess.Popen([sys.executable, "-m", "collectors.gateway"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        paused = _cli(env, "pause", "--wait", "1")
+        assert paused.returncode == 0, paused.stdout + paused.stderr
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 429 and "retry-after" in r.headers
+        assert "True" in _cli(env, "state").stdout
+        resumed = _cli(env, "resume")
+        assert resumed.returncode == 0 and "False" in resumed.stdout
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    down = _cli(env, "state")
+    assert down.returncode == 1 and "does not answer" in down.stderr
