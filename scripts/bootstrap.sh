@@ -27,5 +27,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 echo "==> installing agentlake and its dependencies into $VENV"
-$PIP install -e ".[dev]"
+$PIP install -e ".[dev,examples]"
 echo "$HASH" > "$STAMP"
