@@ -91,12 +91,14 @@ def test_framework_agent_loop_headers_and_spans() -> None:
     assert len(requests) == 4
     spans = exporter.get_finished_spans()
     roots = {s.attributes[A.ROLLOUT_ID]: s for s in spans if s.name == A.ROLLOUT_SPAN_NAME}
+    llm_span_ids = {format(s.context.span_id, "016x") for s in spans if s.attributes.get(A.OI_SPAN_KIND) == "LLM"}
     for request in requests:
         body = json.loads(request.content)
         assert "tools" not in body and body["stop"] == ["\nRESULT", "RESULT:"]
         rollout_id = request.headers[ROLLOUT_HEADER]
-        trace_id = request.headers["traceparent"].split("-")[1]
+        _, trace_id, parent_id, _ = request.headers["traceparent"].split("-")
         assert trace_id == format(roots[rollout_id].context.trace_id, "032x")
+        assert parent_id in llm_span_ids  # a gateway's span would hang under the framework's LLM span
     _check_pipeline_accepts(spans, results)
 
 
