@@ -63,6 +63,9 @@ class LoopPlan:
     concurrency: int = 8
     seed: int = 0
     train_timeout_s: float = 900.0
+    # A few hundred samples must move a 135M model: a LoRA learning rate well above fine-tuning's.
+    learning_rate: float = 1e-3
+    epochs: int = 2
 
 
 def evaluate(settings: Settings, n_tasks: int, *, seed: int) -> float:
@@ -155,6 +158,9 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
     started = time.monotonic()
     # The loop, not the sensor, decides when a round's data is complete (see the module docstring).
     settings.trainer.min_new_transitions = 10**9
+    settings.trainer.learning_rate = plan.learning_rate
+    settings.trainer.epochs = plan.epochs
+    settings.trainer.seed = plan.seed
     on_step(f"pulling {settings.model.base}")
     ensure_model(settings.model.base, settings.model.cache_dir)
     on_step("preparing the vLLM environment (first time: a few minutes)")

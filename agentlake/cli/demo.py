@@ -58,6 +58,7 @@ def demo(
     samples: int = typer.Option(4, min=2, help="Rollouts per task (the GRPO group)."),
     eval_tasks: int = typer.Option(32, min=1, help="Held-out tasks scored before and after."),
     seed: int = typer.Option(0),
+    lr: float = typer.Option(1e-3, help="LoRA learning rate for the demo's rounds."),
     config: str | None = ConfigOption,
 ) -> None:
     """Run the closed loop: agents act, Dagster trains, vLLM serves the new policy; stop everything after."""
@@ -69,7 +70,7 @@ def demo(
             from agentlake.loop import LoopPlan
 
             _loop(settings, LoopPlan(rounds=rounds, tasks_per_round=tasks, samples_per_task=samples,
-                                     eval_tasks=eval_tasks, seed=seed))
+                                     eval_tasks=eval_tasks, seed=seed, learning_rate=lr))
     finally:
         stopped = local.down(settings)
         console.print(f"stopped: {', '.join(stopped) or 'nothing'}")
