@@ -114,7 +114,20 @@ def assemble(
         | pl.col("input_messages").is_not_null()
         | pl.col("output_messages").is_not_null()
     )
-    calls = spans.filter(is_call).with_columns(
+    calls = spans.filter(is_call)
+    # One call seen twice: a framework/SDK span (messages) whose child is the gateway's span of the
+    # same request (exact token ids). Keep the child, the record closest to the model.
+    exact_children = (
+        calls.filter(pl.col("completion_token_ids").is_not_null() & pl.col("parent_span_id").is_not_null())
+        .select("trace_id", pl.col("parent_span_id").alias("span_id"), pl.lit(True).alias("_has_exact_child"))
+        .unique(["trace_id", "span_id"])
+    )
+    calls = (
+        calls.join(exact_children, on=["trace_id", "span_id"], how="left")
+        .filter(~pl.col("_has_exact_child").fill_null(False))
+        .drop("_has_exact_child")
+    )
+    calls = calls.with_columns(
         pl.col("completion_token_ids").is_null().alias("_no_ids"),
         pl.coalesce("llm_response_id", "span_id").alias("_dedup"),
     )
