@@ -1,7 +1,9 @@
 """Kafka records to rows: OTLP span requests to `spans` rows, reward JSON to `rewards` rows.
 
-Decoding is the hot path of ingestion, so rows are built column by column (one Python list per
-column) and turned into Arrow once per batch. Nothing here talks to Kafka or Delta: a record is
+Decoding is the hot path of ingestion. Each record is parsed once by upb; a span becomes one row
+tuple (no per-span dict of columns), resource attributes are resolved and JSON-encoded once per
+resource, and token ids and logprobs stay in wire form until the batch decodes all of them in one
+numpy pass. The batch is turned into Arrow once, column by column. Nothing here talks to Kafka or Delta: a record is
 its bytes plus where it came from, so the same code serves ingestion, replay and tests.
 """
 
@@ -11,11 +13,13 @@ import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
 from schemas import attributes as A
 from schemas import topics
@@ -68,17 +72,6 @@ class KafkaRecord:
         return None
 
 
-def _double_array(arr: Any) -> np.ndarray | None:
-    """Doubles are fixed width on the wire (``0x0a 0x09 0x21`` + 8 bytes), so one reshape decodes them."""
-    b = np.frombuffer(arr.SerializeToString(), np.uint8)
-    if b.size % 11:
-        return None
-    rows = b.reshape(-1, 11)
-    if not ((rows[:, 0] == 0x0A).all() and (rows[:, 1] == 0x09).all() and (rows[:, 2] == 0x21).all()):
-        return None
-    return np.ascontiguousarray(rows[:, 3:]).view("<f8").ravel()
-
-
 def _any_value(v: Any) -> Any:
     kind = v.WhichOneof("value")
     if kind == "string_value":
@@ -110,10 +103,102 @@ def _any_value(v: Any) -> Any:
     return None
 
 
+class _Packed:
+    """A token-id or logprob array kept in wire form; the batch decodes all of them in one numpy pass.
+
+    Reading 100 token ids item by item costs more than the rest of the span, so arrays under the
+    token/logprob keys are only serialized here and decoded batch-wide in ``SpanBatch.to_table``.
+    """
+
+    __slots__ = ("data", "n", "record")
+
+    def __init__(self, data: bytes, n: int, record: int) -> None:
+        self.data = data
+        self.n = n
+        self.record = record
+
+    def __len__(self) -> int:
+        return self.n
+
+    def value(self) -> Any:
+        """The array as ``_any_value`` reads it: the slow path, for anything the fast pass refused."""
+        return _any_value(AnyValue(array_value=ArrayValue.FromString(self.data)))
+
+
+def _varints(data: bytes, n: int) -> np.ndarray | None:
+    """``ArrayValue`` bytes of ``n`` int items (``0x0a L 0x18 <varint>`` each) to int64; None if not exactly that.
+
+    Every item has exactly four bytes below 0x80 (tag, length, tag, last varint byte), so their
+    positions give every item's bounds at once. Varints longer than 5 bytes (negative or huge ids)
+    are refused here and left to the slow path, which raises the usual error.
+    """
+    b = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(b < 0x80)
+    if ends.size != 4 * n or n == 0:
+        return None
+    g = ends.reshape(-1, 4)
+    tag, length, tag2, last = g[:, 0], g[:, 1], g[:, 2], g[:, 3]
+    k = last - tag2  # varint bytes per item
+    if (
+        tag[0] != 0
+        or last[-1] != b.size - 1
+        or not (tag[1:] == last[:-1] + 1).all()
+        or not (length == tag + 1).all()
+        or not (tag2 == length + 1).all()
+        or not (b[tag] == 0x0A).all()
+        or not (b[tag2] == 0x18).all()
+        or not (b[length] == k + 1).all()
+        or int(k.max()) > 5
+    ):
+        return None
+    start = tag2 + 1
+    out = (b[start] & 0x7F).astype(np.int64)
+    for j in range(1, int(k.max())):
+        m = k > j
+        out[m] |= (b[start[m] + j] & 0x7F).astype(np.int64) << (7 * j)
+    return out
+
+
+def _doubles(data: bytes, n: int) -> np.ndarray | None:
+    """Doubles are fixed width on the wire (``0x0a 0x09 0x21`` + 8 bytes), so one reshape decodes them."""
+    b = np.frombuffer(data, np.uint8)
+    if b.size != 11 * n or n == 0:
+        return None
+    rows = b.reshape(-1, 11)
+    if not ((rows[:, 0] == 0x0A).all() and (rows[:, 1] == 0x09).all() and (rows[:, 2] == 0x21).all()):
+        return None
+    return np.ascontiguousarray(rows[:, 3:]).view("<f8").ravel()
+
+
+def _double_array(arr: Any) -> np.ndarray | None:
+    values = arr.values
+    return _doubles(arr.SerializeToString(), len(values))
+
+
+_INT_PACKED = frozenset({*A.PROMPT_TOKEN_IDS_KEYS, *A.COMPLETION_TOKEN_IDS_KEYS})
+_PACKED_KEYS = frozenset({*_INT_PACKED, A.LLM_COMPLETION_LOGPROBS})
+
+
 def _json_default(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return v.tolist()
     raise TypeError(f"cannot write {type(v).__name__} as JSON")
+
+
+# json.dumps(..., default=...) builds an encoder per call; the C encoder, made once, writes the same text.
+_JSON = json.JSONEncoder(default=_json_default)
+_C_ENCODER = (
+    c_make_encoder(None, _json_default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    if c_make_encoder is not None
+    else None
+)
+
+
+def _dumps(obj: Any) -> str:
+    """``json.dumps(obj, default=_json_default)``, without its per-call setup."""
+    if _C_ENCODER is None:
+        return _JSON.encode(obj)
+    return "".join(_C_ENCODER(obj, 0))
 
 
 def _attrs(kvs: Any) -> dict[str, Any]:
@@ -129,13 +214,21 @@ def _first(keys: Sequence[str], *maps: Mapping[str, Any]) -> Any:
     return None
 
 
+def _first1(keys: Sequence[str], m: Mapping[str, Any]) -> Any:
+    for k in keys:
+        v = m.get(k)
+        if v is not None and (v.__class__ is not str or v):
+            return v
+    return None
+
+
 def _str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def _int_list(v: Any) -> np.ndarray | None:
-    if v is None:
-        return None
+def _int_list(v: Any) -> np.ndarray | _Packed | None:
+    if v is None or v.__class__ is _Packed:
+        return v
     if isinstance(v, str):  # some SDKs can only write strings: accept a JSON list
         v = json.loads(v)
     arr = np.asarray(v) if isinstance(v, list) else v
@@ -146,9 +239,9 @@ def _int_list(v: Any) -> np.ndarray | None:
     return arr.astype(np.int32)
 
 
-def _float_list(v: Any) -> np.ndarray | None:
-    if v is None:
-        return None
+def _float_list(v: Any) -> np.ndarray | _Packed | None:
+    if v is None or v.__class__ is _Packed:
+        return v
     if isinstance(v, str):
         v = json.loads(v)
     if isinstance(v, np.ndarray):
@@ -158,14 +251,47 @@ def _float_list(v: Any) -> np.ndarray | None:
     return np.asarray(v, np.float64).astype(np.float32)
 
 
-def _list_array(items: list[np.ndarray | None], typ: pa.DataType) -> pa.Array:
-    """A list column straight from numpy pieces: one concatenate instead of a Python loop."""
+def _unpack(items: Sequence[Any], column: str, bad: dict[int, str]) -> list[np.ndarray | None] | np.ndarray:
+    """Decode the packed arrays of one column: all at once when every one is clean, else one by one.
+
+    Returns the flat values when every non-null item was packed and clean (the common case), else
+    the items with each packed array replaced by its decoded array; a record whose array fails
+    validation is put in ``bad`` with the error, as if it had failed while decoding.
+    """
+    packed = [x for x in items if x.__class__ is _Packed]
+    is_int = column != "completion_logprobs"
+    decode = _varints if is_int else _doubles
+    if packed and len(packed) == sum(1 for x in items if x is not None):
+        flat = decode(b"".join([p.data for p in packed]), sum(p.n for p in packed))
+        if flat is not None and (not is_int or int(flat.max()) < 2**31):
+            return flat.astype(np.int32) if is_int else flat.astype(np.float32)
+    out: list[np.ndarray | None] = []
+    for x in items:
+        if x.__class__ is not _Packed:
+            out.append(x)
+            continue
+        fast = decode(x.data, x.n)
+        try:
+            if fast is None or (is_int and int(fast.max()) >= 2**31):
+                fast = x.value()
+            out.append(_int_list(fast) if is_int else _float_list(fast))
+        except Exception as exc:  # noqa: BLE001 - the record is quarantined, as any decode error
+            bad.setdefault(x.record, f"{type(exc).__name__}: {exc}")
+            out.append(None)
+    return out
+
+
+def _list_array(items: Sequence[Any], typ: pa.DataType, flat: np.ndarray | None = None) -> pa.Array:
+    """A list column straight from numpy pieces (or from ``flat``, the values already concatenated)."""
     lengths = np.fromiter((0 if x is None else len(x) for x in items), np.int64, len(items))
     offsets = np.zeros(len(items) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
     value_type = typ.value_type.to_pandas_dtype()
-    pieces = [x for x in items if x is not None]
-    values = np.concatenate(pieces).astype(value_type) if pieces else np.zeros(0, value_type)
+    if flat is not None:
+        values = flat
+    else:
+        pieces = [x for x in items if x is not None]
+        values = np.concatenate(pieces).astype(value_type) if pieces else np.zeros(0, value_type)
     mask = pa.array([x is None for x in items], pa.bool_())
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, typ.value_type), mask=mask)
 
@@ -173,7 +299,7 @@ def _list_array(items: list[np.ndarray | None], typ: pa.DataType) -> pa.Array:
 def _messages_json(v: Any) -> str | None:
     if v is None:
         return None
-    return v if isinstance(v, str) else json.dumps(v, default=_json_default)
+    return v if isinstance(v, str) else _dumps(v)
 
 
 def _indexed_messages(attrs: Mapping[str, Any], prefix: str, role: str, content: str) -> str | None:
@@ -208,46 +334,98 @@ def _reward(name: str, attrs: Mapping[str, Any]) -> tuple[float | None, str | No
     return None, None
 
 
+_SPAN_COLUMNS = tuple(f.name for f in SPANS)
+# Columns a row carries in raw form and to_table converts with numpy, once per batch.
+_RAW = ("start_time", "end_time", "day")
+_LISTS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+
+
 class SpanBatch:
-    """Column lists for `spans` rows plus `quarantine` rows, filled record by record."""
+    """`spans` rows (tuples, one per span) plus `quarantine` rows, filled record by record.
+
+    A row holds the span's start and end in nanoseconds (end 0: not ended) and packed token arrays;
+    ``to_table`` turns the batch into Arrow column by column, so no per-span work is left there.
+    """
 
     def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {f.name: [] for f in SPANS}
-        self.quarantine: list[dict[str, Any]] = []
+        self.rows: list[tuple[Any, ...]] = []
         self.records = 0
+        self._quarantine: list[tuple[int, dict[str, Any]]] = []
+        self._recs: list[KafkaRecord] = []
+        self._ranges: list[tuple[int, int]] = []  # rows of each record, for dropping a late-failing one
+        self._built: tuple[pa.Table, list[dict[str, Any]]] | None = None
 
     def __len__(self) -> int:
-        return len(self.cols["span_id"])
+        return len(self.rows)
 
     def add(self, rec: KafkaRecord) -> int:
         """Decode one record; on any error quarantine the whole record and return 0."""
+        idx = self.records
         self.records += 1
-        n_before = len(self)
+        self._built = None
+        self._recs.append(rec)
         try:
-            rows = _decode_request(rec)
+            rows = _decode_request(rec, idx)
         except Exception as exc:  # noqa: BLE001 - any bad record is quarantined, never fatal
-            self.quarantine.append(quarantine_row(rec, f"{type(exc).__name__}: {exc}"))
+            self._quarantine.append((idx, quarantine_row(rec, f"{type(exc).__name__}: {exc}")))
+            self._ranges.append((len(self.rows), len(self.rows)))
             return 0
-        cols = self.cols
-        for row in rows:
-            for name, value in zip(_SPAN_COLUMNS, row, strict=True):
-                cols[name].append(value)
-        return len(self) - n_before
+        n = len(self.rows)
+        self.rows.extend(rows)
+        self._ranges.append((n, len(self.rows)))
+        return len(rows)
+
+    @property
+    def quarantine(self) -> list[dict[str, Any]]:
+        """Quarantine rows in record order, including records whose token arrays failed at build."""
+        return self._build()[1]
 
     def to_table(self) -> pa.Table:
-        cols = dict(self.cols)
-        for name in ("start_time", "end_time", "received_at"):
-            cols[name] = pa.array(cols[name], pa.int64()).cast(SPANS.field(name).type)
-        cols["day"] = pa.array(cols["day"], pa.int32()).cast(pa.date32())
-        for name in ("prompt_token_ids", "completion_token_ids", "completion_logprobs"):
-            cols[name] = _list_array(cols[name], SPANS.field(name).type)
-        return pa.Table.from_pydict(cols, schema=SPANS)
+        return self._build()[0]
 
     def quarantine_table(self) -> pa.Table:
         return pa.Table.from_pylist(self.quarantine, schema=QUARANTINE)
 
+    def _build(self) -> tuple[pa.Table, list[dict[str, Any]]]:
+        if self._built is not None:
+            return self._built
+        if self.rows:
+            cols: dict[str, Any] = dict(zip(_SPAN_COLUMNS, zip(*self.rows, strict=True), strict=True))
+        else:
+            cols = {name: () for name in _SPAN_COLUMNS}
+        bad: dict[int, str] = {}
+        lists = {}
+        for name in _LISTS:
+            items = cols[name]
+            flat = _unpack(items, name, bad)
+            if isinstance(flat, np.ndarray):
+                lists[name] = _list_array(items, SPANS.field(name).type, flat)
+            else:
+                lists[name] = _list_array(flat, SPANS.field(name).type)
+        cols.update(lists)
+        start_ns = np.array(cols["start_time"], np.uint64)
+        end_ns = np.array(cols["end_time"], np.uint64)
+        start_us = (start_ns // 1000).astype(np.int64)
+        cols["start_time"] = pa.array(start_us).cast(SPANS.field("start_time").type)
+        cols["end_time"] = pa.array((end_ns // 1000).astype(np.int64), mask=end_ns == 0).cast(
+            SPANS.field("end_time").type
+        )
+        cols["day"] = pa.array((start_us // _US_PER_DAY).astype(np.int32)).cast(pa.date32())
+        cols["received_at"] = pa.array(cols["received_at"], pa.int64()).cast(SPANS.field("received_at").type)
+        table = pa.Table.from_pydict(cols, schema=SPANS)
+        quarantine = list(self._quarantine)
+        if bad:
+            keep = np.ones(len(self.rows), bool)
+            for idx, err in bad.items():
+                lo, hi = self._ranges[idx]
+                keep[lo:hi] = False
+                quarantine.append((idx, quarantine_row(self._recs[idx], err)))
+            table = table.filter(pa.array(keep))
+        quarantine.sort(key=lambda q: q[0])
+        self._built = (table, [q for _, q in quarantine])
+        return self._built
 
-_SPAN_COLUMNS = tuple(f.name for f in SPANS)
+
 _FLAT_MESSAGE_PREFIXES = (
     A.OI_LLM_INPUT_MESSAGES_PREFIX,
     A.OI_LLM_OUTPUT_MESSAGES_PREFIX,
@@ -256,7 +434,95 @@ _FLAT_MESSAGE_PREFIXES = (
 )
 
 
-def _decode_request(rec: KafkaRecord) -> list[tuple[Any, ...]]:
+class _Resource:
+    """What every span of one resource shares, worked out once: its attributes as dict and JSON."""
+
+    __slots__ = ("attrs", "json", "rollout", "attempt", "task", "agent", "service")
+
+    def __init__(self, kvs: Any) -> None:
+        res = _attrs(kvs)
+        self.attrs = res
+        self.json = _dumps(res) if res else None
+        self.rollout = _first1(A.ROLLOUT_ID_KEYS, res)
+        self.attempt = _first1(A.ATTEMPT_ID_KEYS, res)
+        self.task = _first1((A.TASK_ID,), res)
+        self.agent = _first1(A.AGENT_NAME_KEYS, res)
+        self.service = _str(res.get(A.SERVICE_NAME))
+
+
+class _Shape:
+    """What a span's attribute keys alone decide, worked out once per distinct tuple of keys.
+
+    Spans of one agent carry the same keys over and over, so which keys feed which typed column,
+    which go to the JSON column and whether flattened messages may be present is looked up, not
+    recomputed for every span. Values still go through the same checks (empty strings skipped).
+    """
+
+    __slots__ = (
+        "rollout",
+        "attempt",
+        "task",
+        "agent",
+        "status",
+        "response",
+        "model",
+        "policy",
+        "prompt",
+        "completion",
+        "logprobs",
+        "msg_in",
+        "msg_out",
+        "flat",
+        "rest",
+        "all_rest",
+    )
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        def present(candidates: Sequence[str]) -> tuple[str, ...]:
+            return tuple(k for k in candidates if k in keys)
+
+        self.rollout = present(A.ROLLOUT_ID_KEYS)
+        self.attempt = present(A.ATTEMPT_ID_KEYS)
+        self.task = present((A.TASK_ID,))
+        self.agent = present(A.AGENT_NAME_KEYS)
+        self.status = present((A.ROLLOUT_STATUS,))
+        self.response = present(A.RESPONSE_ID_KEYS)
+        self.model = present(A.MODEL_KEYS)
+        self.policy = present((A.LLM_POLICY_VERSION,))
+        self.prompt = present(A.PROMPT_TOKEN_IDS_KEYS)
+        self.completion = present(A.COMPLETION_TOKEN_IDS_KEYS)
+        self.logprobs = present((A.LLM_COMPLETION_LOGPROBS,))
+        self.msg_in = A.GEN_AI_INPUT_MESSAGES in keys
+        self.msg_out = A.GEN_AI_OUTPUT_MESSAGES in keys
+        self.flat = any(k.startswith(_FLAT_MESSAGE_PREFIXES) for k in keys)
+        self.rest = tuple(k for k in keys if k not in _TYPED_KEYS)
+        self.all_rest = len(self.rest) == len(keys)
+
+
+_SHAPES: dict[tuple[str, ...], _Shape] = {}
+
+
+def _shape(keys: tuple[str, ...]) -> _Shape:
+    if len(_SHAPES) > 4096:  # many distinct key sets (free-form attribute names): stay bounded
+        _SHAPES.clear()
+    shape = _SHAPES[keys] = _Shape(keys)
+    return shape
+
+
+def _pick(keys: tuple[str, ...], attrs: Mapping[str, Any]) -> Any:
+    """The first of ``keys`` with a value that is neither None nor an empty string."""
+    for k in keys:
+        v = attrs[k]
+        if v is not None and (v.__class__ is not str or v):
+            return v
+    return None
+
+
+_REWARD_SPAN_NAMES = frozenset({A.REWARD_SPAN_NAME, A.AGL_REWARD_SPAN_NAME})
+_ROLLOUT_COLUMN = _SPAN_COLUMNS.index("rollout_id")
+
+
+def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
     if not rec.value:
         raise ValueError("empty record value")
     req = ExportTraceServiceRequest.FromString(rec.value)
@@ -269,91 +535,141 @@ def _decode_request(rec: KafkaRecord) -> list[tuple[Any, ...]]:
     else:
         received_us = None
     key = rec.key.decode("utf-8", "replace") if rec.key else None
+    topic, partition, offset = rec.topic, rec.partition, rec.offset
+    packed_keys = _PACKED_KEYS
+    shapes = _SHAPES
+    kinds = _KINDS
+    statuses = _STATUS
 
     rows: list[tuple[Any, ...]] = []
     # The rollout id may sit on one span of the trace only (the root); spread it over the record.
     trace_rollout: dict[bytes, str] = {}
-    decoded = []
+    unresolved: list[tuple[int, bytes]] = []  # rows whose rollout comes from another span or the key
     for rs in req.resource_spans:
-        res = _attrs(rs.resource.attributes)
+        res = _Resource(rs.resource.attributes)
         for ss in rs.scope_spans:
             for span in ss.spans:
-                if len(span.trace_id) != 16 or len(span.span_id) != 8:
+                trace_id = span.trace_id
+                span_id = span.span_id
+                if len(trace_id) != 16 or len(span_id) != 8:
                     raise ValueError(
-                        f"span {span.name!r} has a trace id of {len(span.trace_id)} bytes and a span id of "
-                        f"{len(span.span_id)} bytes; OTLP needs 16 and 8"
+                        f"span {span.name!r} has a trace id of {len(trace_id)} bytes and a span id of "
+                        f"{len(span_id)} bytes; OTLP needs 16 and 8"
                     )
-                attrs = _attrs(span.attributes)
-                rid = _first(A.ROLLOUT_ID_KEYS, attrs, res)
+                attrs: dict[str, Any] = {}
+                for kv in span.attributes:
+                    v = kv.value
+                    sv = v.string_value
+                    if sv:
+                        attrs[kv.key] = sv
+                    else:
+                        k = kv.key
+                        if k in packed_keys and v.HasField("array_value"):
+                            # Left in wire form: the batch decodes all token arrays in one numpy pass.
+                            arr = v.array_value
+                            attrs[k] = _Packed(arr.SerializeToString(), len(arr.values), record)
+                        else:
+                            attrs[k] = _any_value(v)
+                name = span.name
+                if attrs:
+                    keys = tuple(attrs)
+                    shape = shapes.get(keys) or _shape(keys)
+                    rid = _pick(shape.rollout, attrs) if shape.rollout else None
+                    if rid is None:
+                        rid = res.rollout
+                    if name in _REWARD_SPAN_NAMES:
+                        reward_value, reward_name = _reward(name, attrs)
+                    else:
+                        reward_value = reward_name = None
+                    input_messages = _messages_json(attrs[A.GEN_AI_INPUT_MESSAGES]) if shape.msg_in else None
+                    output_messages = _messages_json(attrs[A.GEN_AI_OUTPUT_MESSAGES]) if shape.msg_out else None
+                    if shape.flat:
+                        if input_messages is None:
+                            input_messages = _indexed_messages(
+                                attrs,
+                                A.OI_LLM_INPUT_MESSAGES_PREFIX,
+                                A.OI_MESSAGE_ROLE_SUFFIX,
+                                A.OI_MESSAGE_CONTENT_SUFFIX,
+                            ) or _indexed_messages(attrs, A.GEN_AI_PROMPT_PREFIX_OLD, "role", "content")
+                        if output_messages is None:
+                            output_messages = _indexed_messages(
+                                attrs,
+                                A.OI_LLM_OUTPUT_MESSAGES_PREFIX,
+                                A.OI_MESSAGE_ROLE_SUFFIX,
+                                A.OI_MESSAGE_CONTENT_SUFFIX,
+                            ) or _indexed_messages(attrs, A.GEN_AI_COMPLETION_PREFIX_OLD, "role", "content")
+                    if shape.all_rest:
+                        rest_json: str | None = _dumps(attrs)
+                    elif shape.rest:
+                        rest_json = _dumps({k: attrs[k] for k in shape.rest})
+                    else:
+                        rest_json = None
+                    attempt = _pick(shape.attempt, attrs) if shape.attempt else None
+                    task = _pick(shape.task, attrs) if shape.task else None
+                    agent = _pick(shape.agent, attrs) if shape.agent else None
+                    tail: tuple[Any, ...] = (
+                        _str(attempt if attempt is not None else res.attempt),
+                        _str(task if task is not None else res.task),
+                        _str(agent if agent is not None else res.agent),
+                        _str(attrs[shape.status[0]]) if shape.status else None,
+                        _str(_pick(shape.response, attrs)) if shape.response else None,
+                        _str(_pick(shape.model, attrs)) if shape.model else None,
+                        _str(attrs[shape.policy[0]]) if shape.policy else None,
+                        _int_list(_pick(shape.prompt, attrs)) if shape.prompt else None,
+                        _int_list(_pick(shape.completion, attrs)) if shape.completion else None,
+                        _float_list(attrs[shape.logprobs[0]]) if shape.logprobs else None,
+                        input_messages,
+                        output_messages,
+                        reward_value,
+                        reward_name,
+                        rest_json,
+                    )
+                else:
+                    rid = res.rollout
+                    tail = (_str(res.attempt), _str(res.task), _str(res.agent), *_NO_ATTRS)
                 if rid is not None:
-                    trace_rollout.setdefault(span.trace_id, str(rid))
-                decoded.append((res, span, attrs))
-    if not decoded:
+                    trace_rollout.setdefault(trace_id, str(rid))
+                if not rid:  # as `_first(...) or <the trace's rollout>`: resolved once all spans are read
+                    unresolved.append((len(rows), trace_id))
+                parent = span.parent_span_id
+                status = span.status
+                rows.append(
+                    (
+                        tenant,
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent.hex() if parent else None,
+                        name,
+                        kinds.get(span.kind, "UNSPECIFIED"),
+                        span.start_time_unix_nano,
+                        span.end_time_unix_nano,
+                        statuses.get(status.code, "UNSET"),
+                        status.message or None,
+                        res.service,
+                        None if rid is None else str(rid),
+                        *tail,
+                        res.json,
+                        received_us,
+                        topic,
+                        partition,
+                        offset,
+                        None,  # day: from start_time, in to_table
+                    )
+                )
+    if not rows:
         raise ValueError("the request holds no spans")
-
-    for res, span, attrs in decoded:
-        trace_hex = span.trace_id.hex()
-        rollout = _first(A.ROLLOUT_ID_KEYS, attrs, res) or trace_rollout.get(span.trace_id)
+    for i, trace_id in unresolved:
+        row = rows[i]
+        rollout = trace_rollout.get(trace_id)
         if rollout is None:
             # The collector keys a record by rollout id when it knows one, else by the trace id.
+            trace_hex = row[1]
             rollout = key if key and key != trace_hex else trace_hex
-        start_us = span.start_time_unix_nano // 1000
-        end_us = span.end_time_unix_nano // 1000 if span.end_time_unix_nano else None
-        name = span.name
-        reward_value, reward_name = _reward(name, attrs)
-        input_messages = _messages_json(attrs.get(A.GEN_AI_INPUT_MESSAGES))
-        output_messages = _messages_json(attrs.get(A.GEN_AI_OUTPUT_MESSAGES))
-        flat = input_messages is None or output_messages is None
-        if flat:
-            flat = any(k.startswith(_FLAT_MESSAGE_PREFIXES) for k in attrs)
-        if input_messages is None and flat:
-            input_messages = _indexed_messages(
-                attrs, A.OI_LLM_INPUT_MESSAGES_PREFIX, A.OI_MESSAGE_ROLE_SUFFIX, A.OI_MESSAGE_CONTENT_SUFFIX
-            ) or _indexed_messages(attrs, A.GEN_AI_PROMPT_PREFIX_OLD, "role", "content")
-        if output_messages is None and flat:
-            output_messages = _indexed_messages(
-                attrs, A.OI_LLM_OUTPUT_MESSAGES_PREFIX, A.OI_MESSAGE_ROLE_SUFFIX, A.OI_MESSAGE_CONTENT_SUFFIX
-            ) or _indexed_messages(attrs, A.GEN_AI_COMPLETION_PREFIX_OLD, "role", "content")
-        rest = {k: v for k, v in attrs.items() if k not in _TYPED_KEYS} if attrs else None
-        parent = span.parent_span_id.hex() if span.parent_span_id else None
-        rows.append(
-            (
-                tenant,
-                trace_hex,
-                span.span_id.hex(),
-                parent,
-                name,
-                _KINDS.get(span.kind, "UNSPECIFIED"),
-                start_us,
-                end_us,
-                _STATUS.get(span.status.code, "UNSET"),
-                span.status.message or None,
-                _str(res.get(A.SERVICE_NAME)),
-                str(rollout),
-                _str(_first(A.ATTEMPT_ID_KEYS, attrs, res)),
-                _str(_first((A.TASK_ID,), attrs, res)),
-                _str(_first(A.AGENT_NAME_KEYS, attrs, res)),
-                _str(attrs.get(A.ROLLOUT_STATUS)),
-                _str(_first(A.RESPONSE_ID_KEYS, attrs)),
-                _str(_first(A.MODEL_KEYS, attrs)),
-                _str(attrs.get(A.LLM_POLICY_VERSION)),
-                _int_list(_first(A.PROMPT_TOKEN_IDS_KEYS, attrs)),
-                _int_list(_first(A.COMPLETION_TOKEN_IDS_KEYS, attrs)),
-                _float_list(attrs.get(A.LLM_COMPLETION_LOGPROBS)),
-                input_messages,
-                output_messages,
-                reward_value,
-                reward_name,
-                json.dumps(rest, default=_json_default) if rest else None,
-                json.dumps(res, default=_json_default) if res else None,
-                received_us,
-                rec.topic,
-                rec.partition,
-                rec.offset,
-                start_us // _US_PER_DAY,
-            )
-        )
+        rows[i] = (*row[:_ROLLOUT_COLUMN], rollout, *row[_ROLLOUT_COLUMN + 1 :])
     return rows
+
+
+_NO_ATTRS = (None,) * 12
 
 
 def quarantine_row(rec: KafkaRecord, error: str) -> dict[str, Any]:
