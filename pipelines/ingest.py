@@ -17,9 +17,14 @@ between the two commits neither loses nor repeats a quarantined record.
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing as mp
+import os
+import signal
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -210,16 +215,22 @@ def ingest(
     idle_ms: int = 300,
     consumer: Any | None = None,
     on_commit: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> IngestResult:
     """Consume ``kind``'s topic from where the lake left off into its table until caught up.
 
     ``consumer`` is a confluent-kafka consumer to reuse (default: one made and closed here).
+    ``workers`` decoder processes (default: up to 2 for spans, none for reward events; 0 decodes
+    in this process): decoding is pure Python, so a second core only helps from another process.
     """
     topic = kafka.spans_topic if kind == "spans" else kafka.rewards_topic
-    own = consumer is None
-    consumer = consumer or make_fetcher(kafka)
     result = IngestResult(topic=topic)
     t0 = time.perf_counter()
+    n_workers = (min(2, os.cpu_count() or 1) if kind == "spans" else 0) if workers is None else workers
+    # Forked before the consumer and writer threads exist, so no child starts with a lock held.
+    decoders = _decoder_pool(n_workers) if n_workers > 0 else None
+    own = consumer is None
+    consumer = consumer or make_fetcher(kafka)
     try:
         parts = _partitions(consumer, topic)
         ids = {p: app_id(topic, p) for p in parts}
@@ -227,8 +238,10 @@ def ingest(
         quarantined_upto = lake.txns("quarantine", list(ids.values()))
         starts = {p: (None if done[ids[p]] is None else done[ids[p]] + 1) for p in parts}  # type: ignore[operator]
         nexts = {p: s or 0 for p, s in starts.items()}
-        # One commit in flight on a writer thread (delta-rs releases the GIL) while the next batch
-        # is fetched and decoded; commits stay in order, each waits for the one before it.
+        # A pipeline: up to ``workers`` batches decode in other processes while this thread fetches,
+        # and one commit is in flight on a writer thread (delta-rs releases the GIL). Batches are
+        # committed in offset order, each after the one before it, so exactly-once is unchanged.
+        decoding: deque[tuple[Future[tuple[pa.Table, list[dict[str, Any]]]], dict[int, int], int]] = deque()
         pending: tuple[Future[int], dict[int, int], int, int, int] | None = None
 
         def finish() -> None:
@@ -244,35 +257,66 @@ def ingest(
             if on_commit is not None:
                 on_commit(version)
 
+        def commit_oldest() -> None:
+            nonlocal pending
+            decoded, last, records = decoding.popleft()
+            data, bad = decoded.result()
+            txns = {ids[p]: off for p, off in last.items()}
+            bad = [
+                q
+                for q in bad
+                if (w := quarantined_upto.get(ids[q["kafka_partition"]])) is None or q["kafka_offset"] > w
+            ]
+            if bad:
+                quarantined_upto.update(txns)
+            if pending is not None:
+                finish()
+            pending = (writer.submit(_commit, lake, kind, data, bad, txns), last, records, data.num_rows, len(bad))
+
         with ThreadPoolExecutor(1, thread_name_prefix="agentlake-commit") as writer:
             for n, batch in enumerate(_batches(consumer, topic, starts, batch_records, idle_ms)):
                 last: dict[int, int] = {}
                 for r in batch:
                     last[r.partition] = max(last.get(r.partition, -1), r.offset)
-                txns = {ids[p]: off for p, off in last.items()}
-                data, bad = _decode(kind, batch)
-                bad = [
-                    q
-                    for q in bad
-                    if (w := quarantined_upto.get(ids[q["kafka_partition"]])) is None or q["kafka_offset"] > w
-                ]
-                if bad:
-                    quarantined_upto.update(txns)
-                if pending is not None:
-                    finish()
-                future = writer.submit(_commit, lake, kind, data, bad, txns)
-                pending = (future, last, len(batch), data.num_rows, len(bad))
+                if decoders is not None:
+                    decoding.append((decoders.submit(_decode, kind, batch), last, len(batch)))
+                else:
+                    done_now: Future[tuple[pa.Table, list[dict[str, Any]]]] = Future()
+                    done_now.set_result(_decode(kind, batch))
+                    decoding.append((done_now, last, len(batch)))
+                del batch
+                while len(decoding) > n_workers:
+                    commit_oldest()
                 if max_batches is not None and n + 1 >= max_batches:
                     break
+            while decoding:
+                commit_oldest()
             if pending is not None:
                 finish()
         result.next_offsets = nexts
         result.lag = _lag(consumer, topic, parts, nexts)
     finally:
+        if decoders is not None:
+            decoders.shutdown(wait=True, cancel_futures=True)
         if own:
             consumer.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _decoder_init() -> None:
+    """A decoder dies with its parent, even one killed with SIGKILL (Linux), instead of lingering."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _decoder_pool(workers: int) -> ProcessPoolExecutor:
+    """Decoder processes, forked now (fork: nothing to re-import, so a run pays milliseconds)."""
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_decoder_init)
+    pool.submit(int).result()  # with fork, the first submit starts every worker
+    return pool
 
 
 def _commit(lake: Lake, kind: Kind, data: pa.Table, bad: list[dict[str, Any]], txns: dict[str, int]) -> int:
