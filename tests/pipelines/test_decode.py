@@ -1,0 +1,76 @@
+"""Span decoding without Kafka: the batch-wide token-array pass agrees with item-by-item reading."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+
+from pipelines.decode import KafkaRecord, SpanBatch, _varints
+from schemas import attributes as A
+from tests.pipelines.otel import Call, Rollout, encode, make_spans
+
+
+def record(r: Rollout, offset: int) -> KafkaRecord:
+    return KafkaRecord("t", 0, offset, r.rollout_id.encode() if r.rollout_id else None, encode(make_spans(r)), [])
+
+
+def test_varints_match_protobuf() -> None:
+    values = [0, 1, 127, 128, 16383, 16384, 49151, 2**31 - 1, 2**34]
+    data = ArrayValue(values=[AnyValue(int_value=v) for v in values]).SerializeToString()
+    got = _varints(data, len(values))
+    assert got is not None and got.tolist() == values
+    # anything but int items (a string, a negative 10-byte varint) is refused, never misread
+    mixed = ArrayValue(values=[AnyValue(int_value=3), AnyValue(string_value="ab")]).SerializeToString()
+    assert _varints(mixed, 2) is None
+    assert _varints(ArrayValue(values=[AnyValue(int_value=-1)]).SerializeToString(), 1) is None
+
+
+def test_token_columns_and_late_quarantine() -> None:
+    calls = [Call(prompt=[1, 2, 40000], response=[7], logprobs=[-0.25]), Call(prompt=[], response=[])]
+    good = Rollout("g", calls=calls)
+    bad = Rollout("b", calls=[Call(prompt=[1, 2**31], response=[3])])  # out of range: found in the batch pass
+    floats = Rollout("f", calls=[Call(prompt=[1.5], response=[3])])  # not integers: the slow path's error
+    batch = SpanBatch()
+    for i, r in enumerate([good, bad, good, floats]):
+        batch.add(record(r, i))
+    table = batch.to_table()
+    assert sorted(set(table.column("rollout_id").to_pylist())) == ["g"]
+    calls = table.filter(np.array([n == A.LLM_CALL_SPAN_NAME for n in table.column("name").to_pylist()]))
+    assert calls.column("prompt_token_ids").to_pylist() == [[1, 2, 40000], [], [1, 2, 40000], []]
+    assert calls.column("completion_token_ids").to_pylist() == [[7], [], [7], []]
+    assert calls.column("completion_logprobs").to_pylist() == [[-0.25], None, [-0.25], None]
+    q = batch.quarantine
+    assert [row["kafka_offset"] for row in q] == [1, 3]
+    assert q[0]["error"] == "ValueError: token ids must be between 0 and 2**31-1"
+    assert q[1]["error"].startswith("ValueError: token ids must be a list of integers")
+
+
+def test_token_ids_as_json_string_and_mixed_arrays() -> None:
+    """Token ids some SDKs write as a JSON string, and an array that mixes kinds, read as before."""
+    req = ExportTraceServiceRequest()
+    span = (
+        req.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(
+            trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="llm", start_time_unix_nano=1_750_000_000_000_000_000
+        )
+    )
+    span.attributes.extend(
+        [
+            KeyValue(key=A.AGL_PROMPT_TOKEN_IDS, value=AnyValue(string_value="[4, 5]")),
+            KeyValue(
+                key=A.LLM_COMPLETION_LOGPROBS,
+                value=AnyValue(array_value=ArrayValue(values=[AnyValue(double_value=-1.0), AnyValue(int_value=2)])),
+            ),
+            KeyValue(key="custom", value=AnyValue(double_value=0.5)),
+        ]
+    )
+    batch = SpanBatch()
+    assert batch.add(KafkaRecord("t", 0, 0, b"k", req.SerializeToString(), [])) == 1
+    row = batch.to_table().to_pylist()[0]
+    assert row["prompt_token_ids"] == [4, 5]
+    assert row["completion_logprobs"] == pytest.approx([-1.0, 0.0])  # a non-double item reads as 0.0
+    assert row["attributes"] == '{"custom": 0.5}'
+    assert row["rollout_id"] == "k" and row["end_time"] is None
