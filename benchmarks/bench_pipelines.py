@@ -1,9 +1,12 @@
 """Pipelines benchmark: Kafka -> `spans` (spans/s) and `spans` -> `transitions` (rollouts/s).
 
 Each phase runs in a forked child so its peak RSS is its own. Next to each rate it prints a
-ceiling measured in the same run: the same rows written straight to Parquet with pyarrow.
+ceiling measured in the same run: the same rows written straight to Parquet with pyarrow. The
+rollouts are produced once; each of ``--runs`` rounds ingests them into a fresh lake and builds
+transitions there, and the table shows the median of the rounds (min and max below it), since
+the machine is shared and single runs swing.
 
-    .venv/bin/python benchmarks/bench_pipelines.py --rollouts 10000
+    .venv/bin/python benchmarks/bench_pipelines.py --rollouts 10000 --runs 5
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -33,6 +37,8 @@ from schemas.config import CreditSettings, KafkaSettings  # noqa: E402
 def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
     out = fn()
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # ingest's decoder processes are the child's own children: their largest peak, reported apart
+    out["children_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     q.put(out)
 
 
@@ -80,6 +86,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--response-len", type=int, default=16)
     ap.add_argument("--batch-records", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=3, help="rounds of ingest + transitions; medians are shown")
+    ap.add_argument("--workers", type=int, default=None, help="decoder processes (default: ingest's own)")
     args = ap.parse_args()
 
     from agentlake.stack.broker import LocalBroker, ensure_topics
@@ -95,78 +103,109 @@ def main() -> None:
     )
     ensure_topics(kafka, bootstrap, [kafka.spans_topic, kafka.rewards_topic])
     root = tempfile.mkdtemp(prefix="agentlake-bench-")
-    lake = Lake(os.path.join(root, "lake"))
+    rounds: list[dict[str, Any]] = []
     try:
         t0 = time.perf_counter()
         n_spans = produce_rollouts(kafka, args.rollouts, args.calls, args.prompt_len, args.response_len)
         print(f"produced {args.rollouts} rollouts, {n_spans} spans in {time.perf_counter() - t0:.1f}s", flush=True)
-
-        def do_ingest() -> dict[str, Any]:
-            r = ingest(lake, kafka, "spans", batch_records=args.batch_records)
-            return {"rows": r.rows, "seconds": r.seconds, "commits": r.commits}
-
-        ing = in_child(do_ingest)
-
-        def spans_ceiling() -> dict[str, Any]:
-            # the same rows, read back once (untimed), written straight to Parquet with pyarrow
-            t = pl.read_delta(lake.uri("spans")).to_arrow()
-            t0 = time.perf_counter()
-            pq.write_table(t, os.path.join(root, "spans.parquet"))
-            return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
-
-        ing_ceil = in_child(spans_ceiling)
-
-        def do_transitions() -> dict[str, Any]:
-            t0 = time.perf_counter()
-            tr = update_trajectories(lake, kafka, idle_timeout_s=300)
-            t1 = time.perf_counter()
-            tn = update_transitions(lake, CreditSettings())
-            t2 = time.perf_counter()
-            return {
-                "rollouts": tr.rollouts,
-                "rows": tn.rows,
-                "seconds": t2 - t0,
-                "traj_s": t1 - t0,
-                "trans_s": t2 - t1,
-            }
-
-        gold = in_child(do_transitions)
-
-        def transitions_ceiling() -> dict[str, Any]:
-            t = pl.read_delta(lake.uri("transitions")).to_arrow()
-            t0 = time.perf_counter()
-            pq.write_table(t, os.path.join(root, "transitions.parquet"))
-            return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
-
-        gold_ceil = in_child(transitions_ceiling)
+        for i in range(args.runs):
+            r = one_round(kafka, Lake(os.path.join(root, f"lake{i}")), os.path.join(root, f"round{i}"), args)
+            print(
+                f"round {i + 1}: {r['spans_s']:,.0f} spans/s (ceiling {r['spans_ceil']:,.0f}), "
+                f"{r['roll_s']:,.0f} rollouts/s (ceiling {r['roll_ceil']:,.0f})",
+                flush=True,
+            )
+            rounds.append(r)
     finally:
         if broker is not None:
             broker.stop()
 
-    spans_s = ing["rows"] / ing["seconds"]
-    ceil_s = ing_ceil["rows"] / ing_ceil["seconds"]
-    roll_s = gold["rollouts"] / gold["seconds"]
-    # the ceiling for the gold step: the rollouts' transitions rows written straight to Parquet
-    roll_ceil = gold["rollouts"] / gold_ceil["seconds"]
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    def spread(key: str) -> str:
+        return f"{min(r[key] for r in rounds):,.0f}..{max(r[key] for r in rounds):,.0f}"
+
+    spans_s, ceil_s, roll_s, roll_ceil = med("spans_s"), med("spans_ceil"), med("roll_s"), med("roll_ceil")
     print()
+    print(f"median of {len(rounds)} rounds; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
     print(f"{'measure':<34}{'pipeline':>14}{'pyarrow->parquet':>18}{'ratio':>8}{'peak RSS MB':>13}")
     print(
         f"{'spans/s, Kafka -> spans':<34}{spans_s:>14,.0f}{ceil_s:>18,.0f}{spans_s / ceil_s:>8.2f}"
-        f"{ing['peak_rss_mb']:>13.0f}"
+        f"{med('ingest_rss_mb'):>13.0f}"
     )
     print(
         f"{'rollouts/s, spans -> transitions':<34}{roll_s:>14,.0f}{roll_ceil:>18,.0f}{roll_s / roll_ceil:>8.2f}"
-        f"{gold['peak_rss_mb']:>13.0f}"
+        f"{med('gold_rss_mb'):>13.0f}"
     )
+    print(f"{'  min..max spans/s':<34}{spread('spans_s'):>14}{spread('spans_ceil'):>18}")
+    print(f"{'  min..max rollouts/s':<34}{spread('roll_s'):>14}{spread('roll_ceil'):>18}")
     print()
+    last = rounds[-1]
     print(
-        f"ingest: {ing['rows']} spans in {ing['seconds']:.2f}s, {ing['commits']} commits "
-        f"(batch {args.batch_records} records); targets: 50,000 spans/s, 2,000 rollouts/s"
+        f"ingest: {last['rows']} spans in {med('ingest_s'):.2f}s (median), {last['commits']} commits "
+        f"(batch {args.batch_records} records), each decoder process peaked at {med('decoder_rss_mb'):.0f} MB RSS; "
+        "targets: 50,000 spans/s, 2,000 rollouts/s"
     )
     print(
-        f"gold: {gold['rollouts']} rollouts -> {gold['rows']} transitions; trajectories {gold['traj_s']:.2f}s, "
-        f"transitions {gold['trans_s']:.2f}s"
+        f"gold: {last['rollouts']} rollouts -> {last['transitions']} transitions; trajectories "
+        f"{med('traj_s'):.2f}s, transitions {med('trans_s'):.2f}s (medians)"
     )
+
+
+def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest into a fresh lake, build transitions there, and measure both ceilings on the same rows."""
+    os.makedirs(scratch, exist_ok=True)
+
+    def do_ingest() -> dict[str, Any]:
+        r = ingest(lake, kafka, "spans", batch_records=args.batch_records, workers=args.workers)
+        return {"rows": r.rows, "seconds": r.seconds, "commits": r.commits}
+
+    ing = in_child(do_ingest)
+
+    def spans_ceiling() -> dict[str, Any]:
+        # the same rows, read back once (untimed), written straight to Parquet with pyarrow
+        t = pl.read_delta(lake.uri("spans")).to_arrow()
+        t0 = time.perf_counter()
+        pq.write_table(t, os.path.join(scratch, "spans.parquet"))
+        return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
+
+    ing_ceil = in_child(spans_ceiling)
+
+    def do_transitions() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        tr = update_trajectories(lake, kafka, idle_timeout_s=300)
+        t1 = time.perf_counter()
+        tn = update_transitions(lake, CreditSettings())
+        t2 = time.perf_counter()
+        return {"rollouts": tr.rollouts, "rows": tn.rows, "seconds": t2 - t0, "traj_s": t1 - t0, "trans_s": t2 - t1}
+
+    gold = in_child(do_transitions)
+
+    def transitions_ceiling() -> dict[str, Any]:
+        t = pl.read_delta(lake.uri("transitions")).to_arrow()
+        t0 = time.perf_counter()
+        pq.write_table(t, os.path.join(scratch, "transitions.parquet"))
+        return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
+
+    gold_ceil = in_child(transitions_ceiling)
+    return {
+        "rows": ing["rows"],
+        "commits": ing["commits"],
+        "ingest_s": ing["seconds"],
+        "spans_s": ing["rows"] / ing["seconds"],
+        "spans_ceil": ing_ceil["rows"] / ing_ceil["seconds"],
+        "ingest_rss_mb": ing["peak_rss_mb"],
+        "decoder_rss_mb": ing["children_rss_mb"],
+        "rollouts": gold["rollouts"],
+        "transitions": gold["rows"],
+        "traj_s": gold["traj_s"],
+        "trans_s": gold["trans_s"],
+        "roll_s": gold["rollouts"] / gold["seconds"],
+        # the ceiling for the gold step: the rollouts' transitions rows written straight to Parquet
+        "roll_ceil": gold["rollouts"] / gold_ceil["seconds"],
+        "gold_rss_mb": gold["peak_rss_mb"],
+    }
 
 
 if __name__ == "__main__":

@@ -220,13 +220,12 @@ def ingest(
     """Consume ``kind``'s topic from where the lake left off into its table until caught up.
 
     ``consumer`` is a confluent-kafka consumer to reuse (default: one made and closed here).
-    ``workers`` decoder processes (default: up to 2 for spans, none for reward events; 0 decodes
-    in this process): decoding is pure Python, so a second core only helps from another process.
+    ``workers`` decoder processes (default: ``default_workers``; 0 decodes in this process).
     """
     topic = kafka.spans_topic if kind == "spans" else kafka.rewards_topic
     result = IngestResult(topic=topic)
     t0 = time.perf_counter()
-    n_workers = (min(2, os.cpu_count() or 1) if kind == "spans" else 0) if workers is None else workers
+    n_workers = default_workers(kind) if workers is None else workers
     # Forked before the consumer and writer threads exist, so no child starts with a lock held.
     decoders = _decoder_pool(n_workers) if n_workers > 0 else None
     own = consumer is None
@@ -238,10 +237,10 @@ def ingest(
         quarantined_upto = lake.txns("quarantine", list(ids.values()))
         starts = {p: (None if done[ids[p]] is None else done[ids[p]] + 1) for p in parts}  # type: ignore[operator]
         nexts = {p: s or 0 for p, s in starts.items()}
-        # A pipeline: up to ``workers`` batches decode in other processes while this thread fetches,
-        # and one commit is in flight on a writer thread (delta-rs releases the GIL). Batches are
-        # committed in offset order, each after the one before it, so exactly-once is unchanged.
-        decoding: deque[tuple[Future[tuple[pa.Table, list[dict[str, Any]]]], dict[int, int], int]] = deque()
+        # A pipeline: a batch decodes in slices on the worker processes while this thread fetches
+        # the next, and one commit is in flight on a writer thread (delta-rs releases the GIL).
+        # Batches are committed in offset order, each after the one before it: exactly-once as before.
+        decoding: deque[tuple[list[Future[tuple[pa.Table, list[dict[str, Any]]]]], dict[int, int], int]] = deque()
         pending: tuple[Future[int], dict[int, int], int, int, int] | None = None
 
         def finish() -> None:
@@ -259,8 +258,10 @@ def ingest(
 
         def commit_oldest() -> None:
             nonlocal pending
-            decoded, last, records = decoding.popleft()
-            data, bad = decoded.result()
+            chunks, last, records = decoding.popleft()
+            parts_done = [c.result() for c in chunks]
+            data = parts_done[0][0] if len(parts_done) == 1 else pa.concat_tables([t for t, _ in parts_done])
+            bad = [q for _, qs in parts_done for q in qs]
             txns = {ids[p]: off for p, off in last.items()}
             bad = [
                 q
@@ -279,13 +280,17 @@ def ingest(
                 for r in batch:
                     last[r.partition] = max(last.get(r.partition, -1), r.offset)
                 if decoders is not None:
-                    decoding.append((decoders.submit(_decode, kind, batch), last, len(batch)))
+                    # each worker decodes a slice of the batch; the slices are committed together
+                    size = -(-len(batch) // n_workers)
+                    chunks = [decoders.submit(_decode, kind, batch[i : i + size]) for i in range(0, len(batch), size)]
                 else:
                     done_now: Future[tuple[pa.Table, list[dict[str, Any]]]] = Future()
                     done_now.set_result(_decode(kind, batch))
-                    decoding.append((done_now, last, len(batch)))
+                    chunks = [done_now]
+                decoding.append((chunks, last, len(batch)))
                 del batch
-                while len(decoding) > n_workers:
+                # one batch decoding ahead of the one being committed: memory stays a few batches
+                while len(decoding) > (1 if decoders is not None else 0):
                     commit_oldest()
                 if max_batches is not None and n + 1 >= max_batches:
                     break
@@ -302,6 +307,18 @@ def ingest(
             consumer.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def default_workers(kind: Kind) -> int:
+    """Decoder processes worth forking: none on 2 cores or fewer, else one per core left over.
+
+    Decoding is pure Python, so more cores only help from other processes; but handing records
+    over costs CPU too (pickling, copy-on-write faults), and on 2 cores this process's fetch and
+    commit threads and the broker already keep both busy: measured, in-process decoding was faster
+    there. Reward events are small JSON records: always decoded in process.
+    """
+    cpus = os.cpu_count() or 1
+    return 0 if kind != "spans" or cpus <= 2 else min(4, cpus - 1)
 
 
 def _decoder_init() -> None:

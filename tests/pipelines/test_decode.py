@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import polars as pl
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
 from pipelines.decode import KafkaRecord, SpanBatch, _varints
+from pipelines.ingest import ingest
+from pipelines.lake import Lake
 from schemas import attributes as A
-from tests.pipelines.otel import Call, Rollout, encode, make_spans
+from schemas.config import Settings
+from tests.pipelines.otel import Call, Rollout, encode, make_spans, produce, span_record
 
 
 def record(r: Rollout, offset: int) -> KafkaRecord:
@@ -74,3 +80,22 @@ def test_token_ids_as_json_string_and_mixed_arrays() -> None:
     assert row["completion_logprobs"] == pytest.approx([-1.0, 0.0])  # a non-double item reads as 0.0
     assert row["attributes"] == '{"custom": 0.5}'
     assert row["rollout_id"] == "k" and row["end_time"] is None
+
+
+@pytest.mark.kafka
+def test_decoder_processes_give_the_same_table(settings: Settings, tmp_path: Path) -> None:
+    """Ingesting with decoder processes writes what in-process decoding writes, quarantine included."""
+    k = settings.kafka
+    records = [
+        span_record(make_spans(Rollout(f"w{i}", task_id="t", calls=[Call(prompt=[i], response=[2])])))
+        for i in range(60)
+    ]
+    records.insert(7, {"key": b"junk", "value": b"\x00not protobuf", "headers": []})
+    produce(k, k.spans_topic, records)
+    tables = {}
+    for workers in (0, 2):
+        lake = Lake(str(tmp_path / f"lake{workers}"))
+        res = ingest(lake, k, "spans", batch_records=16, workers=workers)
+        assert res.records == 61 and res.quarantined == 1 and res.lag == 0
+        tables[workers] = pl.read_delta(lake.uri("spans")).sort("kafka_partition", "kafka_offset", "span_id")
+    assert tables[0].equals(tables[2])
