@@ -73,6 +73,7 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
         AGENTLAKE_LAKE=dumped["lake"]["root"],
         AGENTLAKE_STATE_DIR=dumped["state"]["dir"],
         DAGSTER_HOME=dumped["dagster"]["home"],
+        DAGSTER_STORAGE_DIR=str(state_dir(settings) / "dagster"),
         PYTHONUNBUFFERED="1",
     )
     return env
