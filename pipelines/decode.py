@@ -335,9 +335,29 @@ def _reward(name: str, attrs: Mapping[str, Any]) -> tuple[float | None, str | No
 
 
 _SPAN_COLUMNS = tuple(f.name for f in SPANS)
-# Columns a row carries in raw form and to_table converts with numpy, once per batch.
-_RAW = ("start_time", "end_time", "day")
+# Columns every span of one resource in one record shares: kept once per such group, not per span.
+_GROUP_COLUMNS = (
+    "tenant",
+    "service_name",
+    "resource_attributes",
+    "received_at",
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+)
 _LISTS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+# What a row tuple holds, in order: the span's own scalar columns (start and end in nanoseconds,
+# end 0 when the span has not ended), then the index of its group. Token arrays are kept apart,
+# for the few spans that have them, so that pyarrow converts the row tuples in one call.
+_ROW_COLUMNS = (*(c for c in _SPAN_COLUMNS if c not in {*_GROUP_COLUMNS, *_LISTS, "day"}), "group")
+_ROW_TYPE = pa.struct(
+    [
+        pa.field(c, pa.uint64() if c in ("start_time", "end_time") else pa.int64())
+        if c in ("start_time", "end_time", "group")
+        else SPANS.field(c)
+        for c in _ROW_COLUMNS
+    ]
+)
 
 
 class SpanBatch:
@@ -349,6 +369,8 @@ class SpanBatch:
 
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
+        self.groups: list[tuple[Any, ...]] = []  # _GROUP_COLUMNS of each (record, resource)
+        self.tokens: list[tuple[int, Any, Any, Any]] = []  # (row, prompt ids, completion ids, logprobs)
         self.records = 0
         self._quarantine: list[tuple[int, dict[str, Any]]] = []
         self._recs: list[KafkaRecord] = []
@@ -365,13 +387,14 @@ class SpanBatch:
         self._built = None
         self._recs.append(rec)
         try:
-            rows = _decode_request(rec, idx)
+            rows, tokens = _decode_request(rec, idx, self.groups)
         except Exception as exc:  # noqa: BLE001 - any bad record is quarantined, never fatal
             self._quarantine.append((idx, quarantine_row(rec, f"{type(exc).__name__}: {exc}")))
             self._ranges.append((len(self.rows), len(self.rows)))
             return 0
         n = len(self.rows)
         self.rows.extend(rows)
+        self.tokens.extend((n + i, p, c, lp) for i, p, c, lp in tokens)
         self._ranges.append((n, len(self.rows)))
         return len(rows)
 
@@ -389,33 +412,41 @@ class SpanBatch:
     def _build(self) -> tuple[pa.Table, list[dict[str, Any]]]:
         if self._built is not None:
             return self._built
-        if self.rows:
-            cols: dict[str, Any] = dict(zip(_SPAN_COLUMNS, zip(*self.rows, strict=True), strict=True))
-        else:
-            cols = {name: () for name in _SPAN_COLUMNS}
+        n = len(self.rows)
+        rows = pa.array(self.rows, _ROW_TYPE)  # tuples to a struct: one C++ pass, no Python transpose
+        cols: dict[str, Any] = dict(zip(_ROW_COLUMNS, rows.flatten(), strict=True))
+        group = cols.pop("group")
+        groups = zip(*self.groups, strict=True) if self.groups else ((),) * len(_GROUP_COLUMNS)
+        for name, values in zip(_GROUP_COLUMNS, groups, strict=True):
+            typ = SPANS.field(name).type
+            arr = pa.array(values, pa.int64()).cast(typ) if name == "received_at" else pa.array(values, typ)
+            cols[name] = arr.take(group)
         bad: dict[int, str] = {}
         lists = {}
-        for name in _LISTS:
-            items = cols[name]
+        token_items: list[list[Any]] = [[None] * n, [None] * n, [None] * n]
+        for i, p, c, lp in self.tokens:
+            token_items[0][i] = p
+            token_items[1][i] = c
+            token_items[2][i] = lp
+        for name, items in zip(_LISTS, token_items, strict=True):
             flat = _unpack(items, name, bad)
             if isinstance(flat, np.ndarray):
                 lists[name] = _list_array(items, SPANS.field(name).type, flat)
             else:
                 lists[name] = _list_array(flat, SPANS.field(name).type)
         cols.update(lists)
-        start_ns = np.array(cols["start_time"], np.uint64)
-        end_ns = np.array(cols["end_time"], np.uint64)
+        start_ns = cols["start_time"].to_numpy(zero_copy_only=False)
+        end_ns = cols["end_time"].to_numpy(zero_copy_only=False)
         start_us = (start_ns // 1000).astype(np.int64)
         cols["start_time"] = pa.array(start_us).cast(SPANS.field("start_time").type)
         cols["end_time"] = pa.array((end_ns // 1000).astype(np.int64), mask=end_ns == 0).cast(
             SPANS.field("end_time").type
         )
         cols["day"] = pa.array((start_us // _US_PER_DAY).astype(np.int32)).cast(pa.date32())
-        cols["received_at"] = pa.array(cols["received_at"], pa.int64()).cast(SPANS.field("received_at").type)
         table = pa.Table.from_pydict(cols, schema=SPANS)
         quarantine = list(self._quarantine)
         if bad:
-            keep = np.ones(len(self.rows), bool)
+            keep = np.ones(n, bool)
             for idx, err in bad.items():
                 lo, hi = self._ranges[idx]
                 keep[lo:hi] = False
@@ -519,10 +550,16 @@ def _pick(keys: tuple[str, ...], attrs: Mapping[str, Any]) -> Any:
 
 
 _REWARD_SPAN_NAMES = frozenset({A.REWARD_SPAN_NAME, A.AGL_REWARD_SPAN_NAME})
-_ROLLOUT_COLUMN = _SPAN_COLUMNS.index("rollout_id")
+_ROLLOUT_COLUMN = _ROW_COLUMNS.index("rollout_id")
 
 
-def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
+def _decode_request(
+    rec: KafkaRecord, record: int, groups: list[tuple[Any, ...]]
+) -> tuple[list[tuple[Any, ...]], list[tuple[int, Any, Any, Any]]]:
+    """The record's spans as row tuples (``_ROW_COLUMNS``) and their token arrays by row index.
+
+    Appends the groups the rows point to (a failed record leaves unused groups: harmless).
+    """
     if not rec.value:
         raise ValueError("empty record value")
     req = ExportTraceServiceRequest.FromString(rec.value)
@@ -542,11 +579,14 @@ def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
     statuses = _STATUS
 
     rows: list[tuple[Any, ...]] = []
+    tokens: list[tuple[int, Any, Any, Any]] = []
     # The rollout id may sit on one span of the trace only (the root); spread it over the record.
     trace_rollout: dict[bytes, str] = {}
     unresolved: list[tuple[int, bytes]] = []  # rows whose rollout comes from another span or the key
     for rs in req.resource_spans:
         res = _Resource(rs.resource.attributes)
+        group = len(groups)
+        groups.append((tenant, res.service, res.json, received_us, topic, partition, offset))
         for ss in rs.scope_spans:
             for span in ss.spans:
                 trace_id = span.trace_id
@@ -604,6 +644,15 @@ def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
                         rest_json = _dumps({k: attrs[k] for k in shape.rest})
                     else:
                         rest_json = None
+                    if shape.prompt or shape.completion or shape.logprobs:
+                        tokens.append(
+                            (
+                                len(rows),
+                                _int_list(_pick(shape.prompt, attrs)) if shape.prompt else None,
+                                _int_list(_pick(shape.completion, attrs)) if shape.completion else None,
+                                _float_list(attrs[shape.logprobs[0]]) if shape.logprobs else None,
+                            )
+                        )
                     attempt = _pick(shape.attempt, attrs) if shape.attempt else None
                     task = _pick(shape.task, attrs) if shape.task else None
                     agent = _pick(shape.agent, attrs) if shape.agent else None
@@ -615,9 +664,6 @@ def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
                         _str(_pick(shape.response, attrs)) if shape.response else None,
                         _str(_pick(shape.model, attrs)) if shape.model else None,
                         _str(attrs[shape.policy[0]]) if shape.policy else None,
-                        _int_list(_pick(shape.prompt, attrs)) if shape.prompt else None,
-                        _int_list(_pick(shape.completion, attrs)) if shape.completion else None,
-                        _float_list(attrs[shape.logprobs[0]]) if shape.logprobs else None,
                         input_messages,
                         output_messages,
                         reward_value,
@@ -635,7 +681,6 @@ def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
                 status = span.status
                 rows.append(
                     (
-                        tenant,
                         trace_id.hex(),
                         span_id.hex(),
                         parent.hex() if parent else None,
@@ -645,15 +690,9 @@ def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
                         span.end_time_unix_nano,
                         statuses.get(status.code, "UNSET"),
                         status.message or None,
-                        res.service,
                         None if rid is None else str(rid),
                         *tail,
-                        res.json,
-                        received_us,
-                        topic,
-                        partition,
-                        offset,
-                        None,  # day: from start_time, in to_table
+                        group,
                     )
                 )
     if not rows:
@@ -663,13 +702,13 @@ def _decode_request(rec: KafkaRecord, record: int = 0) -> list[tuple[Any, ...]]:
         rollout = trace_rollout.get(trace_id)
         if rollout is None:
             # The collector keys a record by rollout id when it knows one, else by the trace id.
-            trace_hex = row[1]
+            trace_hex = row[0]
             rollout = key if key and key != trace_hex else trace_hex
         rows[i] = (*row[:_ROLLOUT_COLUMN], rollout, *row[_ROLLOUT_COLUMN + 1 :])
-    return rows
+    return rows, tokens
 
 
-_NO_ATTRS = (None,) * 12
+_NO_ATTRS = (None,) * 9
 
 
 def quarantine_row(rec: KafkaRecord, error: str) -> dict[str, Any]:
