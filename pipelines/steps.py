@@ -80,9 +80,19 @@ def update_trajectories(
     if spans is None:
         return res
     affected: set[str] = set()
+    # The earliest `day` partition known to hold a span of each affected rollout: loading their spans
+    # then skips older partitions instead of scanning the whole table (which grows without end).
+    first_day: dict[str, dt.date] = {}
+
+    def note_days(frame: pl.DataFrame) -> None:
+        for rid, day in zip(frame["rollout_id"].to_list(), frame["day"].to_list(), strict=True):
+            if rid is not None and day is not None and (rid not in first_day or day < first_day[rid]):
+                first_day[rid] = day
+
     if spans_cond is not None:
-        new = spans.filter(spans_cond).select("rollout_id").unique().collect()
+        new = spans.filter(spans_cond).group_by("rollout_id").agg(pl.col("day").min()).collect()
         affected.update(new["rollout_id"].to_list())
+        note_days(new)
     rewards = lake.scan("rewards")
     if ev_cond is not None and rewards is not None:
         ev = rewards.filter(ev_cond).select("rollout_id", "trace_id", "llm_response_id").collect()
@@ -92,16 +102,26 @@ def update_trajectories(
         if traces or resp:
             hit = (
                 spans.filter(pl.col("trace_id").is_in(traces) | pl.col("llm_response_id").is_in(resp))
-                .select("rollout_id")
-                .unique()
+                .group_by("rollout_id")
+                .agg(pl.col("day").min())
                 .collect()
             )
             affected.update(hit["rollout_id"].to_list())
+            note_days(hit)
     traj = lake.scan("trajectories")
     if traj is not None:
         cutoff = now - dt.timedelta(seconds=idle_timeout_s)
         stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff)).select("rollout_id")
         affected.update(stale.collect()["rollout_id"].to_list())
+        # Every span already in `spans` was assembled into its trajectory when it was new, and a
+        # trajectory's day is its earliest span's: so no older partition can hold one of its spans.
+        known = (
+            traj.filter(pl.col("rollout_id").is_in(sorted(affected)))
+            .group_by("rollout_id")
+            .agg(pl.col("day").min())
+            .collect()
+        )
+        note_days(known)
     txns = {**span_txns, **ev_txns}
     ids = sorted(affected)
     for start in range(0, max(len(ids), 1), chunk_rollouts):
@@ -111,7 +131,11 @@ def update_trajectories(
             if txns:
                 res.version = lake.write("trajectories", _empty("trajectories"), txns=txns)
             break
-        rows = spans.filter(pl.col("rollout_id").is_in(chunk)).collect()
+        in_chunk = pl.col("rollout_id").is_in(chunk)
+        days = [first_day.get(r) for r in chunk]
+        if all(d is not None for d in days):
+            in_chunk = (pl.col("day") >= min(days)) & in_chunk  # type: ignore[type-var]
+        rows = spans.filter(in_chunk).collect()
         events = empty_rewards()
         if rewards is not None:
             traces = rows["trace_id"].unique().to_list()
