@@ -43,7 +43,7 @@ def _loop(settings, plan) -> None:  # noqa: ANN001 - Settings, LoopPlan
                       r.trained_version or "-", "-" if r.loss is None else f"{r.loss:.4f}", f"{r.seconds:.0f}")
     console.print(table)
     console.print(
-        f"held-out greedy accuracy on {report.eval_tasks} tasks: before {report.eval_before:.3f}, "
+        f"held-out mean reward on {report.eval_tasks} tasks: before {report.eval_before:.3f}, "
         f"after {report.eval_after:.3f} ({report.eval_after - report.eval_before:+.3f})"
     )
     console.print(f"reward curve: {report.plot}   total {report.seconds / 60:.1f} min")
@@ -54,9 +54,9 @@ def _loop(settings, plan) -> None:  # noqa: ANN001 - Settings, LoopPlan
 def demo(
     smoke: bool = typer.Option(False, "--smoke", help="Only the data path: synthetic traces, no model."),
     rounds: int = typer.Option(4, min=1, help="Training rounds."),
-    tasks: int = typer.Option(8, min=1, help="Tasks per round."),
+    tasks: int = typer.Option(6, min=1, help="Tasks per round."),
     samples: int = typer.Option(4, min=2, help="Rollouts per task (the GRPO group)."),
-    eval_tasks: int = typer.Option(32, min=1, help="Held-out tasks scored before and after."),
+    eval_tasks: int = typer.Option(24, min=1, help="Held-out tasks scored before and after (2 samples each)."),
     seed: int = typer.Option(0),
     lr: float = typer.Option(1e-3, help="LoRA learning rate for the demo's rounds."),
     config: str | None = ConfigOption,

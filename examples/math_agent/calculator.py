@@ -24,7 +24,12 @@ class CalcError(ValueError):
 
 
 def evaluate(expression: str) -> float:
-    """Evaluate + - * / // % and parentheses on numbers; anything else is refused."""
+    """Evaluate + - * / // % and parentheses on numbers; anything else is refused.
+
+    Like a desk calculator, it reads the expression up to an ``=`` the model may have added
+    (``28 * 21 = 568`` computes ``28 * 21``) and ignores a trailing full stop.
+    """
+    expression = expression.split("=", 1)[0].strip().rstrip(".").strip()
     expression = expression.replace("x", "*").replace("×", "*").replace("÷", "/").strip()
     if len(expression) > 200:
         raise CalcError("expression too long")

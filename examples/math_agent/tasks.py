@@ -53,14 +53,21 @@ def _share(rng: random.Random) -> tuple[str, int]:
 
 
 GENERATORS = (_multiply, _buy, _change, _share)
+KINDS: dict[str, object] = {"multiply": _multiply, "buy": _buy, "change": _change, "share": _share}
 
 
-def make_tasks(n: int, *, seed: int, prefix: str = "math") -> list[MathTask]:
-    """``n`` tasks, the same for the same seed; task ids are stable so GRPO groups by task."""
+def make_tasks(
+    n: int, *, seed: int, prefix: str = "math", kinds: tuple[str, ...] = ("multiply", "buy", "change", "share")
+) -> list[MathTask]:
+    """``n`` tasks cycling through ``kinds``, the same for the same seed; ids are stable (GRPO groups)."""
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"unknown task kinds {unknown}; choose from {', '.join(KINDS)}")
+    generators = [KINDS[k] for k in kinds]
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
-        question, answer = GENERATORS[i % len(GENERATORS)](rng)
+        question, answer = generators[i % len(generators)](rng)  # type: ignore[operator]
         tasks.append(MathTask(task_id=f"{prefix}-{seed}-{i}", question=question, answer=answer))
     return tasks
 

@@ -16,7 +16,9 @@ def test_tasks_are_deterministic_and_exact() -> None:
         assert isinstance(t.answer, int) and t.answer >= 0
 
 
-@pytest.mark.parametrize(("expr", "value"), [("14 * 23", 322), ("(130 - 58) / 6", 12), ("7x6", 42), ("-3 + 5", 2)])
+@pytest.mark.parametrize(
+    ("expr", "value"), [("14 * 23", 322), ("(130 - 58) / 6", 12), ("7x6", 42), ("-3 + 5", 2), ("28 * 21 = 568.", 588)]
+)
 def test_calculator(expr: str, value: float) -> None:
     assert evaluate(expr) == value
 
