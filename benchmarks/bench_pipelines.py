@@ -142,10 +142,11 @@ def main() -> None:
     print(f"{'  min..max rollouts/s':<34}{spread('roll_s'):>14}{spread('roll_ceil'):>18}")
     print()
     last = rounds[-1]
+    decoders = med("decoder_rss_mb")
+    where = f"decoder processes peaked at {decoders:.0f} MB RSS each" if decoders else "decoded in process"
     print(
         f"ingest: {last['rows']} spans in {med('ingest_s'):.2f}s (median), {last['commits']} commits "
-        f"(batch {args.batch_records} records), each decoder process peaked at {med('decoder_rss_mb'):.0f} MB RSS; "
-        "targets: 50,000 spans/s, 2,000 rollouts/s"
+        f"(batch {args.batch_records} records), {where}; targets: 50,000 spans/s, 2,000 rollouts/s"
     )
     print(
         f"gold: {last['rollouts']} rollouts -> {last['transitions']} transitions; trajectories "
