@@ -205,15 +205,6 @@ def _attrs(kvs: Any) -> dict[str, Any]:
     return {kv.key: _any_value(kv.value) for kv in kvs}
 
 
-def _first(keys: Sequence[str], *maps: Mapping[str, Any]) -> Any:
-    for m in maps:
-        for k in keys:
-            v = m.get(k)
-            if v is not None and (v.__class__ is not str or v):
-                return v
-    return None
-
-
 def _first1(keys: Sequence[str], m: Mapping[str, Any]) -> Any:
     for k in keys:
         v = m.get(k)
@@ -675,7 +666,7 @@ def _decode_request(
                     tail = (_str(res.attempt), _str(res.task), _str(res.agent), *_NO_ATTRS)
                 if rid is not None:
                     trace_rollout.setdefault(trace_id, str(rid))
-                if not rid:  # as `_first(...) or <the trace's rollout>`: resolved once all spans are read
+                if not rid:  # an empty or missing id takes the trace's, known once all spans are read
                     unresolved.append((len(rows), trace_id))
                 parent = span.parent_span_id
                 status = span.status
