@@ -145,6 +145,7 @@ def plot_rewards(report: LoopReport, path: Path) -> Path:
     ax.axhline(report.eval_before, color="grey", linestyle="--", label=f"held-out before ({report.eval_before:.2f})")
     ax.axhline(report.eval_after, color="green", linestyle="--", label=f"held-out after ({report.eval_after:.2f})")
     ax.set_xlabel("round")
+    ax.set_xticks(xs)
     ax.set_ylabel("mean reward")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("agentlake closed loop: math agent on SmolLM2-135M")
@@ -227,5 +228,5 @@ def _last_loss(settings: Settings, version: str) -> float | None:
     except Exception:  # noqa: BLE001 - "base" or a registry hiccup: no loss to show
         return None
     metrics = json.loads(row.get("metrics") or "{}")
-    value = metrics.get("loss")
+    value = metrics.get("final_loss", metrics.get("loss"))
     return float(value) if isinstance(value, int | float) else None
