@@ -23,7 +23,8 @@ from collectors.sink import MemorySink
 from schemas.config import Settings, load_settings
 from tests.collectors.helpers import running_collector
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# 1,000 bodies per entry point, 3,000 in all: the "thousands" the collector promises to survive.
+FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _valid_body() -> bytes:
