@@ -30,6 +30,7 @@ from schemas.config import Settings
 from schemas.errors import AgentlakeError
 
 Step = Callable[[str], None]
+HELD_OUT_SEED = 10_000  # training tasks use seeds below 10_000 (seed * 1000 + round)
 
 
 @dataclass
@@ -58,7 +59,7 @@ class LoopPlan:
     rounds: int = 4
     tasks_per_round: int = 8
     samples_per_task: int = 4
-    eval_tasks: int = 24
+    eval_tasks: int = 32
     eval_samples: int = 2
     temperature: float = 0.7
     # The kinds where the base policy is right only some of the time at its serving temperature:
@@ -77,7 +78,8 @@ def evaluate(settings: Settings, plan: LoopPlan) -> float:
 
     Sampled, not greedy: it is the reward agents get in production, and the quantity RL raises.
     """
-    tasks = make_tasks(plan.eval_tasks, seed=10_000 + plan.seed, prefix="heldout", kinds=plan.task_kinds)
+    # The same held-out set whatever the training seed, so runs are comparable.
+    tasks = make_tasks(plan.eval_tasks, seed=HELD_OUT_SEED, prefix="heldout", kinds=plan.task_kinds)
     results = run_batch(
         settings.vllm.url, [t for t in tasks for _ in range(plan.eval_samples)], model=settings.model.served_name,
         concurrency=plan.concurrency, temperature=plan.temperature, tracer=otel_trace.NoOpTracer(),

@@ -56,7 +56,7 @@ def demo(
     rounds: int = typer.Option(4, min=1, help="Training rounds."),
     tasks: int = typer.Option(6, min=1, help="Tasks per round."),
     samples: int = typer.Option(4, min=2, help="Rollouts per task (the GRPO group)."),
-    eval_tasks: int = typer.Option(24, min=1, help="Held-out tasks scored before and after (2 samples each)."),
+    eval_tasks: int = typer.Option(32, min=1, help="Held-out tasks scored before and after (2 samples each)."),
     seed: int = typer.Option(0),
     lr: float = typer.Option(1e-3, help="LoRA learning rate for the demo's rounds."),
     config: str | None = ConfigOption,
