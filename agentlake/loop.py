@@ -69,7 +69,7 @@ class LoopPlan:
     seed: int = 0
     train_timeout_s: float = 900.0
     # A few hundred samples must move a 135M model: a LoRA learning rate well above fine-tuning's.
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-4
     epochs: int = 1
 
 

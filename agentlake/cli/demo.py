@@ -58,7 +58,7 @@ def demo(
     samples: int = typer.Option(4, min=2, help="Rollouts per task (the GRPO group)."),
     eval_tasks: int = typer.Option(32, min=1, help="Held-out tasks scored before and after (2 samples each)."),
     seed: int = typer.Option(0),
-    lr: float = typer.Option(1e-3, help="LoRA learning rate for the demo's rounds."),
+    lr: float = typer.Option(3e-4, help="LoRA learning rate for the demo's rounds."),
     config: str | None = ConfigOption,
 ) -> None:
     """Run the closed loop: agents act, Dagster trains, vLLM serves the new policy; stop everything after."""
