@@ -40,19 +40,6 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def client_config(settings: KafkaSettings, bootstrap: str | None = None) -> dict[str, Any]:
-    """kafka-python connection arguments (servers, security) from the settings."""
-    cfg: dict[str, Any] = {
-        "bootstrap_servers": (bootstrap or settings.bootstrap_servers).split(","),
-        "security_protocol": settings.security_protocol,
-    }
-    if settings.sasl_mechanism:
-        cfg.update(
-            sasl_mechanism=settings.sasl_mechanism,
-            sasl_plain_username=settings.sasl_username,
-            sasl_plain_password=settings.sasl_password,
-        )
-    return cfg
 
 
 class _Waiter:
@@ -105,7 +92,7 @@ class KafkaSink:
         self.max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0
         self._config = {
-            **client_config(settings, self.bootstrap),
+            **settings.client_config(self.bootstrap),
             **PRODUCER_DEFAULTS,
             "max_request_size": max_request_bytes + (64 << 10),
             "client_id": "agentlake-collector",

@@ -73,7 +73,7 @@ def make_consumer(kafka: KafkaSettings) -> Any:
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
-        **client_config(kafka),
+        **kafka.client_config(),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -81,19 +81,6 @@ def make_consumer(kafka: KafkaSettings) -> Any:
     )
 
 
-def client_config(kafka: KafkaSettings) -> dict[str, Any]:
-    """kafka-python connection arguments from the settings (same as the collector's)."""
-    cfg: dict[str, Any] = {
-        "bootstrap_servers": kafka.bootstrap_servers.split(","),
-        "security_protocol": kafka.security_protocol,
-    }
-    if kafka.sasl_mechanism:
-        cfg.update(
-            sasl_mechanism=kafka.sasl_mechanism,
-            sasl_plain_username=kafka.sasl_username,
-            sasl_plain_password=kafka.sasl_password,
-        )
-    return cfg
 
 
 def fetch_config(kafka: KafkaSettings, *, prefetch_mb: int = 64) -> dict[str, Any]:

@@ -53,6 +53,20 @@ class KafkaSettings(_Section):
     sasl_username: str | None = None
     sasl_password: str | None = None
 
+    def client_config(self, bootstrap: str | None = None) -> dict[str, Any]:
+        """kafka-python connection arguments (servers, security); ``bootstrap`` overrides the servers."""
+        cfg: dict[str, Any] = {
+            "bootstrap_servers": (bootstrap or self.bootstrap_servers).split(","),
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            cfg.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        return cfg
+
     @property
     def external(self) -> bool:
         """True when a user-managed Kafka is configured and no local broker should start."""

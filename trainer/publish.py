@@ -135,18 +135,6 @@ def gateway_call(gateway_url: str | None, path: str) -> bool:
     return True
 
 
-def _kafka_config(kafka: KafkaSettings) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "bootstrap_servers": kafka.bootstrap_servers.split(","),
-        "security_protocol": kafka.security_protocol,
-    }
-    if kafka.sasl_mechanism:
-        cfg.update(
-            sasl_mechanism=kafka.sasl_mechanism,
-            sasl_plain_username=kafka.sasl_username,
-            sasl_plain_password=kafka.sasl_password,
-        )
-    return cfg
 
 
 def release_event(row: dict[str, Any], status: str, *, served_name: str, error: str | None = None) -> dict[str, Any]:
@@ -179,7 +167,7 @@ def send_release_event(kafka: KafkaSettings | None, event: dict[str, Any]) -> st
         (topics.HEADER_TENANT, topics.DEFAULT_TENANT.encode()),
     ]
     try:
-        producer = KafkaProducer(**_kafka_config(kafka), acks="all", request_timeout_ms=15_000)
+        producer = KafkaProducer(**kafka.client_config(), acks="all", request_timeout_ms=15_000)
         try:
             producer.send(
                 kafka.models_topic, key=event["served_name"].encode(), value=value.encode(), headers=headers

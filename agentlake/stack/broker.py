@@ -53,19 +53,6 @@ def wait_for_port(host: str, port: int, timeout_s: float = 20.0) -> None:
     raise StackError(f"nothing is listening on {host}:{port} after {timeout_s:.0f}s")
 
 
-def kafka_client_config(settings: KafkaSettings, bootstrap: str | None = None) -> dict[str, object]:
-    """Common kafka-python connection arguments from the settings."""
-    cfg: dict[str, object] = {
-        "bootstrap_servers": (bootstrap or settings.bootstrap_servers).split(","),
-        "security_protocol": settings.security_protocol,
-    }
-    if settings.sasl_mechanism:
-        cfg.update(
-            sasl_mechanism=settings.sasl_mechanism,
-            sasl_plain_username=settings.sasl_username,
-            sasl_plain_password=settings.sasl_password,
-        )
-    return cfg
 
 
 def ensure_topics(
@@ -81,7 +68,7 @@ def ensure_topics(
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin = KafkaAdminClient(**kafka_client_config(settings, bootstrap), request_timeout_ms=10_000)
+            admin = KafkaAdminClient(**settings.client_config(bootstrap), request_timeout_ms=10_000)
             try:
                 existing = set(admin.list_topics())
                 missing = [t for t in wanted if t not in existing]

@@ -20,11 +20,10 @@ def kafka_ok(settings: KafkaSettings, bootstrap: str, *, timeout_s: float = 5.0)
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-    from agentlake.stack.broker import kafka_client_config
 
     try:
         admin = KafkaAdminClient(
-            **kafka_client_config(settings, bootstrap),
+            **settings.client_config(bootstrap),
             request_timeout_ms=int(timeout_s * 1000),
         )
     except (KafkaError, OSError, ValueError):

@@ -166,9 +166,8 @@ def produce(kafka: KafkaSettings, topic: str, records: Sequence[dict[str, Any]])
     """Produce with kafka-python, acks=all, the way the collector does."""
     from kafka import KafkaProducer
 
-    from agentlake.stack.broker import kafka_client_config
 
-    producer = KafkaProducer(**kafka_client_config(kafka), acks="all", linger_ms=5)
+    producer = KafkaProducer(**kafka.client_config(), acks="all", linger_ms=5)
     try:
         for rec in records:
             producer.send(topic, key=rec["key"], value=rec["value"], headers=rec["headers"])

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agentlake.stack.broker import free_port, kafka_client_config
+from agentlake.stack.broker import free_port
 from schemas.config import Settings
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
@@ -107,7 +107,7 @@ def two_versions(lake: Path, tiny_model_dir: Path) -> Registry:
 def _events(settings: Settings) -> list[dict[str, Any]]:
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(**kafka_client_config(settings.kafka), enable_auto_commit=False)
+    consumer = KafkaConsumer(**settings.kafka.client_config(), enable_auto_commit=False)
     parts = [TopicPartition(settings.kafka.models_topic, p) for p in range(settings.kafka.partitions)]
     consumer.assign(parts)
     consumer.seek_to_beginning(*parts)
