@@ -124,8 +124,13 @@ def new_transitions(settings: Settings) -> tuple[int, int | None]:
     if end is None or end <= start:
         return 0, end
     data = read_transitions(
-        cfg.lake_root, table=cfg.table, version_start=start, version_end=end, agent=cfg.agent,
-        policy_versions=cfg.policy_versions, storage_options=cfg.storage_options,
+        cfg.lake_root,
+        table=cfg.table,
+        version_start=start,
+        version_end=end,
+        agent=cfg.agent,
+        policy_versions=cfg.policy_versions,
+        storage_options=cfg.storage_options,
     )
     return data.rows.num_rows, end
 

@@ -10,17 +10,18 @@ its bytes plus where it came from, so the same code serves ingestion, replay and
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
+from pipelines.otlp_lite import ExportTraceServiceRequestLite
 from schemas import attributes as A
 from schemas import topics
 from schemas.errors import RecordValidationError
@@ -53,9 +54,11 @@ _TYPED_KEYS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class KafkaRecord:
-    """One Kafka record as ingestion sees it; decoupled from any client library."""
+class KafkaRecord(NamedTuple):
+    """One Kafka record as ingestion sees it; decoupled from any client library.
+
+    A named tuple: batches of records are pickled to decoder processes, and tuples pickle cheaply.
+    """
 
     topic: str
     partition: int
@@ -103,38 +106,43 @@ def _any_value(v: Any) -> Any:
     return None
 
 
+def _lite_value(v: Any) -> Any:
+    """An ``AnyValue`` of the lite view as ``_any_value`` reads it (nested values parsed from their bytes)."""
+    kind = v.WhichOneof("value")
+    if kind == "array_value" or kind == "kvlist_value":
+        v = AnyValue.FromString(v.SerializeToString())
+    return _any_value(v)
+
+
 class _Packed:
     """A token-id or logprob array kept in wire form; the batch decodes all of them in one numpy pass.
 
     Reading 100 token ids item by item costs more than the rest of the span, so arrays under the
-    token/logprob keys are only serialized here and decoded batch-wide in ``SpanBatch.to_table``.
+    token/logprob keys keep the ``ArrayValue`` bytes the lite parse left them in, and are decoded
+    batch-wide in ``SpanBatch.to_table``.
     """
 
-    __slots__ = ("data", "n", "record")
+    __slots__ = ("data", "record")
 
-    def __init__(self, data: bytes, n: int, record: int) -> None:
+    def __init__(self, data: bytes, record: int) -> None:
         self.data = data
-        self.n = n
         self.record = record
-
-    def __len__(self) -> int:
-        return self.n
 
     def value(self) -> Any:
         """The array as ``_any_value`` reads it: the slow path, for anything the fast pass refused."""
         return _any_value(AnyValue(array_value=ArrayValue.FromString(self.data)))
 
 
-def _varints(data: bytes, n: int) -> np.ndarray | None:
-    """``ArrayValue`` bytes of ``n`` int items (``0x0a L 0x18 <varint>`` each) to int64; None if not exactly that.
+def _varint_items(b: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``ArrayValue`` bytes of int items (``0x0a L 0x18 <varint>`` each) to int64 values and each item's offset.
 
     Every item has exactly four bytes below 0x80 (tag, length, tag, last varint byte), so their
-    positions give every item's bounds at once. Varints longer than 5 bytes (negative or huge ids)
-    are refused here and left to the slow path, which raises the usual error.
+    positions give every item's bounds at once, and checking them checks the whole layout. None if
+    the bytes are anything else; varints longer than 5 bytes (negative or huge ids) are refused
+    too, and left to the slow path, which raises the usual error.
     """
-    b = np.frombuffer(data, np.uint8)
     ends = np.flatnonzero(b < 0x80)
-    if ends.size != 4 * n or n == 0:
+    if ends.size == 0 or ends.size % 4:
         return None
     g = ends.reshape(-1, 4)
     tag, length, tag2, last = g[:, 0], g[:, 1], g[:, 2], g[:, 3]
@@ -156,13 +164,18 @@ def _varints(data: bytes, n: int) -> np.ndarray | None:
     for j in range(1, int(k.max())):
         m = k > j
         out[m] |= (b[start[m] + j] & 0x7F).astype(np.int64) << (7 * j)
-    return out
+    return out, tag
 
 
-def _doubles(data: bytes, n: int) -> np.ndarray | None:
+def _varints(data: bytes) -> np.ndarray | None:
+    """One ``ArrayValue`` of int items to int64, or None if it is not exactly that."""
+    got = _varint_items(np.frombuffer(data, np.uint8))
+    return None if got is None else got[0]
+
+
+def _doubles(b: np.ndarray) -> np.ndarray | None:
     """Doubles are fixed width on the wire (``0x0a 0x09 0x21`` + 8 bytes), so one reshape decodes them."""
-    b = np.frombuffer(data, np.uint8)
-    if b.size != 11 * n or n == 0:
+    if b.size == 0 or b.size % 11:
         return None
     rows = b.reshape(-1, 11)
     if not ((rows[:, 0] == 0x0A).all() and (rows[:, 1] == 0x09).all() and (rows[:, 2] == 0x21).all()):
@@ -171,8 +184,36 @@ def _doubles(data: bytes, n: int) -> np.ndarray | None:
 
 
 def _double_array(arr: Any) -> np.ndarray | None:
-    values = arr.values
-    return _doubles(arr.SerializeToString(), len(values))
+    return _doubles(np.frombuffer(arr.SerializeToString(), np.uint8))
+
+
+def _decode_pieces(pieces: Sequence[bytes], is_int: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """Many ``ArrayValue`` byte strings decoded in one pass: their values, concatenated, and each one's length.
+
+    Ints come back as int32 (ids at or above 2**31 refuse the fast pass), doubles as float32. None
+    when any piece is not cleanly one kind; the caller then reads them one by one.
+    """
+    sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
+    b = np.frombuffer(b"".join(pieces), np.uint8)
+    if not is_int:
+        if (sizes % 11).any():
+            return None
+        values = _doubles(b) if b.size else np.zeros(0)
+        return None if values is None else (values.astype(np.float32), sizes // 11)
+    if not b.size:
+        return np.zeros(0, np.int32), sizes
+    got = _varint_items(b)
+    if got is None:
+        return None
+    values, tags = got
+    starts = np.cumsum(sizes) - sizes
+    first = np.searchsorted(tags, starts)  # the first item at or after each piece's start
+    nonempty = sizes > 0
+    f = first[nonempty]
+    # every piece starts on an item: a piece that is not one whole array never passes as one
+    if (f >= tags.size).any() or (tags[f] != starts[nonempty]).any() or int(values.max()) >= 2**31:
+        return None
+    return values.astype(np.int32), np.diff(np.append(first, tags.size))
 
 
 _INT_PACKED = frozenset({*A.PROMPT_TOKEN_IDS_KEYS, *A.COMPLETION_TOKEN_IDS_KEYS})
@@ -202,7 +243,7 @@ def _dumps(obj: Any) -> str:
 
 
 def _attrs(kvs: Any) -> dict[str, Any]:
-    return {kv.key: _any_value(kv.value) for kv in kvs}
+    return {kv.key: _lite_value(kv.value) for kv in kvs}
 
 
 def _first1(keys: Sequence[str], m: Mapping[str, Any]) -> Any:
@@ -242,49 +283,41 @@ def _float_list(v: Any) -> np.ndarray | _Packed | None:
     return np.asarray(v, np.float64).astype(np.float32)
 
 
-def _unpack(items: Sequence[Any], column: str, bad: dict[int, str]) -> list[np.ndarray | None] | np.ndarray:
-    """Decode the packed arrays of one column: all at once when every one is clean, else one by one.
+def _token_column(name: str, n: int, rows: list[int], items: list[Any], bad: dict[int, str]) -> pa.Array:
+    """One list column of ``n`` rows from the arrays ``items`` at ``rows`` (every other row null).
 
-    Returns the flat values when every non-null item was packed and clean (the common case), else
-    the items with each packed array replaced by its decoded array; a record whose array fails
-    validation is put in ``bad`` with the error, as if it had failed while decoding.
+    All packed arrays are decoded in one pass when they are all clean (the common case), else one
+    by one; a record whose array fails validation is put in ``bad`` with the error, as if it had
+    failed while decoding (its rows are dropped before the table is written).
     """
-    packed = [x for x in items if x.__class__ is _Packed]
-    is_int = column != "completion_logprobs"
-    decode = _varints if is_int else _doubles
-    if packed and len(packed) == sum(1 for x in items if x is not None):
-        flat = decode(b"".join([p.data for p in packed]), sum(p.n for p in packed))
-        if flat is not None and (not is_int or int(flat.max()) < 2**31):
-            return flat.astype(np.int32) if is_int else flat.astype(np.float32)
-    out: list[np.ndarray | None] = []
-    for x in items:
-        if x.__class__ is not _Packed:
-            out.append(x)
-            continue
-        fast = decode(x.data, x.n)
-        try:
-            if fast is None or (is_int and int(fast.max()) >= 2**31):
-                fast = x.value()
-            out.append(_int_list(fast) if is_int else _float_list(fast))
-        except Exception as exc:  # noqa: BLE001 - the record is quarantined, as any decode error
-            bad.setdefault(x.record, f"{type(exc).__name__}: {exc}")
-            out.append(None)
-    return out
-
-
-def _list_array(items: Sequence[Any], typ: pa.DataType, flat: np.ndarray | None = None) -> pa.Array:
-    """A list column straight from numpy pieces (or from ``flat``, the values already concatenated)."""
-    lengths = np.fromiter((0 if x is None else len(x) for x in items), np.int64, len(items))
-    offsets = np.zeros(len(items) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    value_type = typ.value_type.to_pandas_dtype()
-    if flat is not None:
-        values = flat
+    typ = SPANS.field(name).type
+    is_int = name != "completion_logprobs"
+    fast = None
+    if items and all(x.__class__ is _Packed for x in items):
+        fast = _decode_pieces([x.data for x in items], is_int)
+    if fast is not None:
+        values, counts = fast
     else:
-        pieces = [x for x in items if x is not None]
-        values = np.concatenate(pieces).astype(value_type) if pieces else np.zeros(0, value_type)
-    mask = pa.array([x is None for x in items], pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, typ.value_type), mask=mask)
+        arrays: list[np.ndarray] = []
+        for x in items:
+            if x.__class__ is _Packed:
+                one = _decode_pieces([x.data], is_int)
+                try:
+                    x = one[0] if one is not None else (_int_list if is_int else _float_list)(x.value())
+                except Exception as exc:  # noqa: BLE001 - the record is quarantined, as any decode error
+                    bad.setdefault(x.record, f"{type(exc).__name__}: {exc}")
+                    x = np.zeros(0)
+            arrays.append(x)
+        counts = np.fromiter(map(len, arrays), np.int64, len(arrays))
+        value_type = typ.value_type.to_pandas_dtype()
+        values = np.concatenate(arrays).astype(value_type) if arrays else np.zeros(0, value_type)
+    lengths = np.zeros(n, np.int64)
+    lengths[rows] = counts
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    null = np.ones(n, bool)
+    null[rows] = False
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, typ.value_type), mask=pa.array(null))
 
 
 def _messages_json(v: Any) -> str | None:
@@ -413,19 +446,9 @@ class SpanBatch:
             arr = pa.array(values, pa.int64()).cast(typ) if name == "received_at" else pa.array(values, typ)
             cols[name] = arr.take(group)
         bad: dict[int, str] = {}
-        lists = {}
-        token_items: list[list[Any]] = [[None] * n, [None] * n, [None] * n]
-        for i, p, c, lp in self.tokens:
-            token_items[0][i] = p
-            token_items[1][i] = c
-            token_items[2][i] = lp
-        for name, items in zip(_LISTS, token_items, strict=True):
-            flat = _unpack(items, name, bad)
-            if isinstance(flat, np.ndarray):
-                lists[name] = _list_array(items, SPANS.field(name).type, flat)
-            else:
-                lists[name] = _list_array(flat, SPANS.field(name).type)
-        cols.update(lists)
+        for column, name in enumerate(_LISTS, start=1):
+            present = [t for t in self.tokens if t[column] is not None]
+            cols[name] = _token_column(name, n, [t[0] for t in present], [t[column] for t in present], bad)
         start_ns = cols["start_time"].to_numpy(zero_copy_only=False)
         end_ns = cols["end_time"].to_numpy(zero_copy_only=False)
         start_us = (start_ns // 1000).astype(np.int64)
@@ -446,6 +469,32 @@ class SpanBatch:
         quarantine.sort(key=lambda q: q[0])
         self._built = (table, [q for _, q in quarantine])
         return self._built
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic collector off for a while, as it was before afterwards.
+
+    Decoding a batch allocates millions of short-lived tuples and strings and no reference cycles;
+    the collector, triggered by allocation counts, would walk them over and over (measured: 15% of
+    decoding time).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def decode_spans(records: Iterable[KafkaRecord]) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """Span records to a `spans` table and the `quarantine` rows of those that could not be decoded."""
+    with _gc_paused():
+        batch = SpanBatch()
+        for rec in records:
+            batch.add(rec)
+        return batch.to_table(), batch.quarantine
 
 
 _FLAT_MESSAGE_PREFIXES = (
@@ -553,7 +602,7 @@ def _decode_request(
     """
     if not rec.value:
         raise ValueError("empty record value")
-    req = ExportTraceServiceRequest.FromString(rec.value)
+    req = ExportTraceServiceRequestLite.FromString(rec.value)
     tenant = rec.header(topics.HEADER_TENANT) or topics.DEFAULT_TENANT
     received = rec.header(topics.HEADER_RECEIVED_AT)
     if received is not None:
@@ -597,10 +646,9 @@ def _decode_request(
                         k = kv.key
                         if k in packed_keys and v.HasField("array_value"):
                             # Left in wire form: the batch decodes all token arrays in one numpy pass.
-                            arr = v.array_value
-                            attrs[k] = _Packed(arr.SerializeToString(), len(arr.values), record)
+                            attrs[k] = _Packed(v.array_value, record)
                         else:
-                            attrs[k] = _any_value(v)
+                            attrs[k] = _lite_value(v)
                 name = span.name
                 if attrs:
                     keys = tuple(attrs)

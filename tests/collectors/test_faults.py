@@ -59,8 +59,13 @@ class Recording(SpanExporter):
 def own_broker(tmp_path) -> Iterator[tuple[LocalBroker, KafkaSettings]]:
     """A broker of our own: freezing the session broker would stall other tests."""
     with LocalBroker(log_path=tmp_path / "tansu.log") as broker:
-        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=4, spans_topic="faults.spans",
-                              rewards_topic="faults.rewards", models_topic="faults.models")
+        kafka = KafkaSettings(
+            bootstrap_servers=broker.bootstrap,
+            partitions=4,
+            spans_topic="faults.spans",
+            rewards_topic="faults.rewards",
+            models_topic="faults.models",
+        )
         ensure_topics(kafka, broker.bootstrap)
         try:
             yield broker, kafka
@@ -70,11 +75,14 @@ def own_broker(tmp_path) -> Iterator[tuple[LocalBroker, KafkaSettings]]:
 
 def test_frozen_broker_during_load_loses_and_doubles_nothing(own_broker, tmp_path) -> None:
     broker, kafka = own_broker
-    settings = load_settings(environ={}, overrides={
-        "kafka": kafka.model_dump(),
-        "collector": {"produce_timeout_s": 1.0},
-        "state": {"dir": str(tmp_path / "state")},
-    })
+    settings = load_settings(
+        environ={},
+        overrides={
+            "kafka": kafka.model_dump(),
+            "collector": {"produce_timeout_s": 1.0},
+            "state": {"dir": str(tmp_path / "state")},
+        },
+    )
     with running_collector(settings) as server:
         base = f"http://127.0.0.1:{server.http_port}"
         exporters = [
@@ -84,8 +92,9 @@ def test_frozen_broker_during_load_loses_and_doubles_nothing(own_broker, tmp_pat
         providers = []
         for exp in exporters:
             p = TracerProvider()
-            p.add_span_processor(BatchSpanProcessor(exp, schedule_delay_millis=50, max_export_batch_size=64,
-                                                    max_queue_size=100_000))
+            p.add_span_processor(
+                BatchSpanProcessor(exp, schedule_delay_millis=50, max_export_batch_size=64, max_queue_size=100_000)
+            )
             providers.append(p)
         stop = threading.Event()
         created = [0]
@@ -117,8 +126,12 @@ def test_frozen_broker_during_load_loses_and_doubles_nothing(own_broker, tmp_pat
 
             req = ExportTraceServiceRequest()
             req.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x05" * 16, span_id=b"\x05" * 8, name="x")
-            r = httpx.post(f"{base}/v1/traces", content=req.SerializeToString(),
-                           headers={"content-type": "application/x-protobuf"}, timeout=10)
+            r = httpx.post(
+                f"{base}/v1/traces",
+                content=req.SerializeToString(),
+                headers={"content-type": "application/x-protobuf"},
+                timeout=10,
+            )
             assert r.status_code == 503 and r.headers["retry-after"] == "1"
             time.sleep(2.0)
         finally:

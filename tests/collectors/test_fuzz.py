@@ -43,8 +43,23 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=20,
 )
-otlp_keys = st.sampled_from(["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "name", "attributes",
-                             "value", "stringValue", "kind", "startTimeUnixNano", "rollout_id", "trace_id"])
+otlp_keys = st.sampled_from(
+    [
+        "resourceSpans",
+        "scopeSpans",
+        "spans",
+        "traceId",
+        "spanId",
+        "name",
+        "attributes",
+        "value",
+        "stringValue",
+        "kind",
+        "startTimeUnixNano",
+        "rollout_id",
+        "trace_id",
+    ]
+)
 otlp_like = st.recursive(
     st.none() | st.integers() | st.text(max_size=34) | st.sampled_from(["ab" * 16, "cd" * 8, "zz"]),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(otlp_keys, inner, max_size=4),
@@ -62,8 +77,17 @@ bodies = st.one_of(
     otlp_like.map(lambda v: json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [v]}]}]}).encode()),
     otlp_like.map(lambda v: json.dumps(v).encode()),
 )
-content_types = st.sampled_from(["application/x-protobuf", "application/json", "application/protobuf",
-                                 "text/plain", "", "application/json; charset=utf-8", "multipart/form-data"])
+content_types = st.sampled_from(
+    [
+        "application/x-protobuf",
+        "application/json",
+        "application/protobuf",
+        "text/plain",
+        "",
+        "application/json; charset=utf-8",
+        "multipart/form-data",
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +170,8 @@ def test_still_healthy_and_oversized(client: httpx.Client) -> None:
     r = client.post("/v1/traces", content=b"\x00" * 5000, headers={"content-type": "application/x-protobuf"})
     assert r.status_code == 413
     bomb = gzip.compress(b"\x00" * 1_000_000)
-    r = client.post("/v1/traces", content=bomb, headers={"content-type": "application/x-protobuf",
-                                                        "content-encoding": "gzip"})
+    r = client.post(
+        "/v1/traces", content=bomb, headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"}
+    )
     assert r.status_code == 413
     assert client.get("/health").status_code == 200

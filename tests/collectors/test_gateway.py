@@ -54,40 +54,104 @@ class FakeVllm:
             if self.hold is not None:
                 await self.hold.wait()
             if self.fail:
-                return Response(b'{"object":"error","message":"boom","code":500}', self.fail,
-                                media_type="application/json")
+                return Response(
+                    b'{"object":"error","message":"boom","code":500}', self.fail, media_type="application/json"
+                )
             ids = [11, 12, 13]
-            lps = {"content": [{"token": "t", "logprob": -0.5 * (i + 1), "bytes": [], "top_logprobs": []}
-                               for i in range(3)]} if body.get("logprobs") else None
+            lps = (
+                {
+                    "content": [
+                        {"token": "t", "logprob": -0.5 * (i + 1), "bytes": [], "top_logprobs": []} for i in range(3)
+                    ]
+                }
+                if body.get("logprobs")
+                else None
+            )
             if body.get("stream"):
+
                 async def events() -> Any:
-                    yield "data: " + json.dumps({"id": "c1", "model": "policy-v2", "prompt_token_ids": [1, 2],
-                                                 "choices": [{"index": 0, "delta": {"role": "assistant"},
-                                                              "token_ids": [], "logprobs": None}]}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "id": "c1",
+                                "model": "policy-v2",
+                                "prompt_token_ids": [1, 2],
+                                "choices": [
+                                    {"index": 0, "delta": {"role": "assistant"}, "token_ids": [], "logprobs": None}
+                                ],
+                            }
+                        )
+                        + "\n\n"
+                    )
                     for i, t in enumerate(ids):
                         lp = {"content": [lps["content"][i]]} if lps else None
-                        yield "data: " + json.dumps({"id": "c1", "model": "policy-v2", "choices": [
-                            {"index": 0, "delta": {"content": f"w{i}"}, "token_ids": [t], "logprobs": lp,
-                             "finish_reason": "stop" if i == 2 else None}]}) + "\n\n"
+                        yield (
+                            "data: "
+                            + json.dumps(
+                                {
+                                    "id": "c1",
+                                    "model": "policy-v2",
+                                    "choices": [
+                                        {
+                                            "index": 0,
+                                            "delta": {"content": f"w{i}"},
+                                            "token_ids": [t],
+                                            "logprobs": lp,
+                                            "finish_reason": "stop" if i == 2 else None,
+                                        }
+                                    ],
+                                }
+                            )
+                            + "\n\n"
+                        )
                     if (body.get("stream_options") or {}).get("include_usage"):
-                        yield "data: " + json.dumps({"id": "c1", "model": "policy-v2", "choices": [],
-                                                     "usage": {"prompt_tokens": 2, "completion_tokens": 3}}) + "\n\n"
+                        yield (
+                            "data: "
+                            + json.dumps(
+                                {
+                                    "id": "c1",
+                                    "model": "policy-v2",
+                                    "choices": [],
+                                    "usage": {"prompt_tokens": 2, "completion_tokens": 3},
+                                }
+                            )
+                            + "\n\n"
+                        )
                     yield "data: [DONE]\n\n"
+
                 return StreamingResponse(events(), media_type="text/event-stream")
-            return JSONResponse({
-                "id": "c1", "object": "chat.completion", "model": "policy-v2",
-                "prompt_token_ids": [1, 2] if body.get("return_token_ids") else None,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": lps,
-                             "finish_reason": "stop", "token_ids": ids if body.get("return_token_ids") else None}],
-                "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
-            })
+            return JSONResponse(
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "model": "policy-v2",
+                    "prompt_token_ids": [1, 2] if body.get("return_token_ids") else None,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "hi"},
+                            "logprobs": lps,
+                            "finish_reason": "stop",
+                            "token_ids": ids if body.get("return_token_ids") else None,
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
+                }
+            )
 
         async def models(_: Request) -> Response:
-            return JSONResponse({"object": "list", "data": [
-                {"id": "base", "root": "/m", "parent": None}, {"id": "policy-v2", "root": "/a/v2", "parent": "base"}]})
+            return JSONResponse(
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": "base", "root": "/m", "parent": None},
+                        {"id": "policy-v2", "root": "/a/v2", "parent": "base"},
+                    ],
+                }
+            )
 
-        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                                 Route("/v1/models", models)])
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models)])
 
 
 @pytest.fixture()
@@ -123,8 +187,11 @@ def spans(sink: MemorySink) -> list[dict[str, Any]]:
             for kv in s.attributes:
                 v = kv.value
                 which = v.WhichOneof("value")
-                attrs[kv.key] = ([getattr(x, x.WhichOneof("value")) for x in v.array_value.values]
-                                 if which == "array_value" else getattr(v, which))
+                attrs[kv.key] = (
+                    [getattr(x, x.WhichOneof("value")) for x in v.array_value.values]
+                    if which == "array_value"
+                    else getattr(v, which)
+                )
             out.append({"span": s, "key": rec.key, "attrs": attrs})
     return out
 
@@ -136,9 +203,11 @@ async def test_forces_ids_and_logprobs_but_answers_in_openai_shape(gw, fake: Fak
     gateway, sink = gw
     parent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
     async with client_for(gateway) as c:
-        r = await c.post("/v1/chat/completions", json={"model": "policy-v2", "messages": MSGS},
-                         headers={"traceparent": parent, "x-agentlake-rollout-id": "roll-1",
-                                  "authorization": "Bearer sk-upstream"})
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"model": "policy-v2", "messages": MSGS},
+            headers={"traceparent": parent, "x-agentlake-rollout-id": "roll-1", "authorization": "Bearer sk-upstream"},
+        )
     assert r.status_code == 200
     body = r.json()
     assert "prompt_token_ids" not in body and "token_ids" not in body["choices"][0]
@@ -165,8 +234,10 @@ async def test_forces_ids_and_logprobs_but_answers_in_openai_shape(gw, fake: Fak
 async def test_client_asking_for_extras_keeps_them_and_path_prefix_names_rollout(gw, fake: FakeVllm) -> None:
     gateway, sink = gw
     async with client_for(gateway) as c:
-        r = await c.post("/rollout/roll-7/v1/chat/completions",
-                         json={"model": "m", "messages": MSGS, "return_token_ids": True, "logprobs": True})
+        r = await c.post(
+            "/rollout/roll-7/v1/chat/completions",
+            json={"model": "m", "messages": MSGS, "return_token_ids": True, "logprobs": True},
+        )
     body = r.json()
     assert body["prompt_token_ids"] == [1, 2] and body["choices"][0]["token_ids"] == [11, 12, 13]
     assert len(body["choices"][0]["logprobs"]["content"]) == 3
@@ -264,8 +335,11 @@ def test_real_vllm_through_gateway(request: pytest.FixtureRequest, settings: Set
         assert "prompt_token_ids" not in r.json() and r.json()["choices"][0]["logprobs"] is None
         s = httpx.post(f"{base}/v1/chat/completions", json={**chat, "stream": True}, timeout=120)
         assert s.text.rstrip().endswith("data: [DONE]")
-        c = httpx.post(f"{base}/v1/completions", json={"model": vllm.served_name, "prompt": "1, 2, 3,",
-                                                        "max_tokens": 5}, timeout=120)
+        c = httpx.post(
+            f"{base}/v1/completions",
+            json={"model": vllm.served_name, "prompt": "1, 2, 3,", "max_tokens": 5},
+            timeout=120,
+        )
         assert c.status_code == 200 and "token_ids" not in c.json()["choices"][0]
         err = httpx.post(f"{base}/v1/chat/completions", json={**chat, "model": "no-such-model"}, timeout=60)
         assert err.status_code == 404

@@ -14,17 +14,23 @@ from schemas.config import KafkaSettings
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentlake", "gateway", *args], env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "agentlake", "gateway", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_pause_resume_state(kafka_settings: KafkaSettings) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLAKE_")}
-    env.update(AGENTLAKE_GATEWAY__PORT=str(port), KAFKA_BOOTSTRAP_SERVERS=kafka_settings.bootstrap_servers,
-               AGENTLAKE_GATEWAY__UPSTREAMS=f'["http://127.0.0.1:{free_port()}"]', COLUMNS="200")
-    proc = subprocess.Popen([sys.executable, "-m", "collectors.gateway"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env.update(
+        AGENTLAKE_GATEWAY__PORT=str(port),
+        KAFKA_BOOTSTRAP_SERVERS=kafka_settings.bootstrap_servers,
+        AGENTLAKE_GATEWAY__UPSTREAMS=f'["http://127.0.0.1:{free_port()}"]',
+        COLUMNS="200",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collectors.gateway"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

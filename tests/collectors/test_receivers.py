@@ -58,8 +58,9 @@ def emit(exporter: SpanExporter, traces: int = 3, spans_per_trace: int = 4) -> s
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_sdk_exporters_deliver_one_record_per_trace(collector: CollectorServer, settings: Settings,
-                                                    protocol: str) -> None:
+def test_sdk_exporters_deliver_one_record_per_trace(
+    collector: CollectorServer, settings: Settings, protocol: str
+) -> None:
     if protocol == "http":
         exporter: SpanExporter = HttpExporter(endpoint=f"http://127.0.0.1:{collector.http_port}/v1/traces")
     else:
@@ -99,8 +100,13 @@ def test_http_json_gzip_and_partial_success(collector: CollectorServer, settings
                     {
                         "scope": {"name": "manual"},
                         "spans": [
-                            {"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174",
-                             "name": "ok", "kind": 2, "startTimeUnixNano": "1544712660000000000"},
+                            {
+                                "traceId": "5b8efff798038103d269b633813fc60c",
+                                "spanId": "eee19b7ec3c1b174",
+                                "name": "ok",
+                                "kind": 2,
+                                "startTimeUnixNano": "1544712660000000000",
+                            },
                             {"traceId": "5b8e", "spanId": "eee19b7ec3c1b174", "name": "short-trace-id"},
                         ],
                     }
@@ -108,21 +114,26 @@ def test_http_json_gzip_and_partial_success(collector: CollectorServer, settings
             }
         ]
     }
-    r = httpx.post(url, content=gzip.compress(json.dumps(body).encode()),
-                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    r = httpx.post(
+        url,
+        content=gzip.compress(json.dumps(body).encode()),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("application/json")
     assert r.json()["partialSuccess"]["rejectedSpans"] == "1"
     assert "short-trace-id" in r.json()["partialSuccess"]["errorMessage"]
     # protobuf in, protobuf out
-    r = httpx.post(url, content=_span_request().SerializeToString(),
-                   headers={"content-type": "application/x-protobuf"})
+    r = httpx.post(url, content=_span_request().SerializeToString(), headers={"content-type": "application/x-protobuf"})
     assert r.status_code == 200 and r.headers["content-type"] == "application/x-protobuf"
     assert ExportTraceServiceResponse.FromString(r.content) == ExportTraceServiceResponse()
     records = read_topic(settings.kafka, settings.kafka.spans_topic, expect=2)
     assert sorted(spans_of(records)) == sorted(
-        [("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"), ("07" * 16, "0000000000000001"),
-         ("07" * 16, "0000000000000002")]
+        [
+            ("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"),
+            ("07" * 16, "0000000000000001"),
+            ("07" * 16, "0000000000000002"),
+        ]
     )
 
 
@@ -172,14 +183,19 @@ def test_auth_rejects_and_records_tenant(settings: Settings) -> None:
         assert httpx.post(rewards, json={"value": 1, "rollout_id": "x"}).status_code == 401
         ok = httpx.post(url, content=body, headers={**ct, "authorization": "Bearer tok-acme"})
         assert ok.status_code == 200
-        assert httpx.post(rewards, json={"value": 1, "rollout_id": "x"},
-                          headers={"authorization": "Bearer tok-beta"}).status_code == 200
+        assert (
+            httpx.post(
+                rewards, json={"value": 1, "rollout_id": "x"}, headers={"authorization": "Bearer tok-beta"}
+            ).status_code
+            == 200
+        )
         # gRPC: the real exporter with and without the token
         with pytest.raises(grpc.RpcError) as err:
             grpc_export(server.grpc_port, _span_request(b"\x08" * 16).SerializeToString(), token=None)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        good = GrpcExporter(endpoint=f"127.0.0.1:{server.grpc_port}", insecure=True,
-                            headers={"authorization": "Bearer tok-beta"})
+        good = GrpcExporter(
+            endpoint=f"127.0.0.1:{server.grpc_port}", insecure=True, headers={"authorization": "Bearer tok-beta"}
+        )
         sent = emit(good, traces=1, spans_per_trace=2)
     spans = read_topic(settings.kafka, settings.kafka.spans_topic, expect=2)
     tenants = {headers_of(r)[topics.HEADER_TENANT] for r in spans}
@@ -219,9 +235,11 @@ def test_process_entry_point_serves_and_stops_on_sigterm(settings: Settings, tmp
         "AGENTLAKE_COLLECTOR__HTTP_PORT": str(http_port),
         "AGENTLAKE_COLLECTOR__GRPC_PORT": str(grpc_port),
     }
-    proc = subprocess.Popen([sys.executable, "-m", "collectors"], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collectors"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     try:
+
         def healthy() -> bool:
             try:
                 return httpx.get(f"http://127.0.0.1:{http_port}/health").status_code == 200

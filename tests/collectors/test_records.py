@@ -190,10 +190,10 @@ def test_reward_records_validate_and_stamp_tenant() -> None:
     assert first["tenant"] == "acme" and first["name"] == "primary" and first["timestamp"].startswith("2023-11-14")
     assert dict(recs[0].headers)[topics.HEADER_TENANT] == b"acme"
     with pytest.raises(BadRequest, match=r"\[1\]\.value"):
-        reward_records(b'[{"value": 1, "rollout_id": "a"}, {"rollout_id": "b"}]', tenant="t", topic="r",
-                       received_at_ns=1)
+        reward_records(
+            b'[{"value": 1, "rollout_id": "a"}, {"rollout_id": "b"}]', tenant="t", topic="r", received_at_ns=1
+        )
     with pytest.raises(BadRequest, match="rollout"):
         reward_records(b'{"value": 1}', tenant="t", topic="r", received_at_ns=1)
     with pytest.raises(BadRequest, match="tenant"):
-        reward_records(b'{"value": 1, "rollout_id": "a", "tenant": "other"}', tenant="t", topic="r",
-                       received_at_ns=1)
+        reward_records(b'{"value": 1, "rollout_id": "a", "tenant": "other"}', tenant="t", topic="r", received_at_ns=1)

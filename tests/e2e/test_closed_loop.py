@@ -58,11 +58,15 @@ def test_one_round_trains_publishes_and_serves_the_new_version(tmp_path: Path, m
         from agentlake.demo import materialize_all
 
         materialize_all(settings, local.bootstrap_servers(settings) or "", select="spans")
-        versions = run_query(
-            Lake(settings.lake.root),
-            "SELECT DISTINCT policy_version FROM spans WHERE policy_version IS NOT NULL AND rollout_id IN "
-            "(SELECT rollout_id FROM spans WHERE task_id LIKE 'after-%')",
-        ).column("policy_version").to_pylist()
+        versions = (
+            run_query(
+                Lake(settings.lake.root),
+                "SELECT DISTINCT policy_version FROM spans WHERE policy_version IS NOT NULL AND rollout_id IN "
+                "(SELECT rollout_id FROM spans WHERE task_id LIKE 'after-%')",
+            )
+            .column("policy_version")
+            .to_pylist()
+        )
         assert versions and all(v.endswith("@v0002") for v in versions), versions
         assert Path(report.plot).exists()
     finally:

@@ -55,7 +55,11 @@ def _check_pipeline_accepts(spans: Sequence[ReadableSpan], results: list[Rollout
     for row in traj.iter_rows(named=True):
         r = by_rollout[row["rollout_id"]]
         assert (row["status"], row["task_id"], row["n_llm_calls"], row["final_reward"]) == (
-            "finished", r.task_id, r.calls, r.reward)
+            "finished",
+            r.task_id,
+            r.calls,
+            r.reward,
+        )
     return llm
 
 
@@ -71,11 +75,17 @@ def _scripted_model(requests: list[httpx.Request]) -> httpx.MockTransport:
         else:
             a, b = re.findall(r"\d+", last)[:2]
             text = f"CALC: {a} * {b}"
-        return httpx.Response(200, json={
-            "id": f"chatcmpl-{len(requests)}", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        })
+        return httpx.Response(
+            200,
+            json={
+                "id": f"chatcmpl-{len(requests)}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            },
+        )
 
     return httpx.MockTransport(handle)
 

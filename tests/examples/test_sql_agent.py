@@ -73,8 +73,11 @@ def test_results_match_ignores_order_unless_it_matters() -> None:
 
 
 def test_score_is_execution_match() -> None:
-    task = SqlTask("t", "List the names of all products in the books category.",
-                   "SELECT name FROM products WHERE category = 'books'")
+    task = SqlTask(
+        "t",
+        "List the names of all products in the books category.",
+        "SELECT name FROM products WHERE category = 'books'",
+    )
     assert score(task, "SELECT name FROM products WHERE category = 'books' ORDER BY name DESC") == 1.0
     assert score(task, "SELECT p.name FROM products p WHERE p.category LIKE 'book%'") == 1.0
     assert score(task, "SELECT * FROM products WHERE category = 'books'") == 0.0
@@ -91,8 +94,14 @@ def test_sql_agent_against_real_vllm(vllm_server) -> None:  # noqa: ANN001 - ses
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tasks = heldout_tasks(4)
-    results = run_batch(vllm_server.url, tasks, model=vllm_server.served_name, concurrency=2,
-                        temperature=0.0, tracer=provider.get_tracer("test"))
+    results = run_batch(
+        vllm_server.url,
+        tasks,
+        model=vllm_server.served_name,
+        concurrency=2,
+        temperature=0.0,
+        tracer=provider.get_tracer("test"),
+    )
     assert [r.task_id for r in results] == [t.task_id for t in tasks]
     assert all(0.0 <= r.reward <= 1.0 and 1 <= r.calls <= 2 for r in results)
     assert all(m == vllm_server.served_name for r in results for m in r.models)

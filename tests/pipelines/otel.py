@@ -166,7 +166,6 @@ def produce(kafka: KafkaSettings, topic: str, records: Sequence[dict[str, Any]])
     """Produce with kafka-python, acks=all, the way the collector does."""
     from kafka import KafkaProducer
 
-
     producer = KafkaProducer(**kafka.client_config(), acks="all", linger_ms=5)
     try:
         for rec in records:

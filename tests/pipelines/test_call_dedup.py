@@ -16,9 +16,17 @@ T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 def _span(span_id: str, parent: str | None, start_s: float, **cols: object) -> dict[str, object]:
     row: dict[str, object] = {f.name: None for f in SPANS}
     row.update(
-        tenant="default", trace_id="a" * 32, span_id=span_id, parent_span_id=parent, name="span",
-        start_time=T0 + dt.timedelta(seconds=start_s), end_time=T0 + dt.timedelta(seconds=start_s + 1),
-        rollout_id="r1", task_id="t1", status_code="OK", day=T0.date(),
+        tenant="default",
+        trace_id="a" * 32,
+        span_id=span_id,
+        parent_span_id=parent,
+        name="span",
+        start_time=T0 + dt.timedelta(seconds=start_s),
+        end_time=T0 + dt.timedelta(seconds=start_s + 1),
+        rollout_id="r1",
+        task_id="t1",
+        status_code="OK",
+        day=T0.date(),
     )
     row.update(cols)
     return row

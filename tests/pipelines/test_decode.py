@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-from pipelines.decode import KafkaRecord, SpanBatch, _varints
+from pipelines.decode import KafkaRecord, SpanBatch, _any_value, _decode_pieces, _varints
 from pipelines.ingest import ingest
 from pipelines.lake import Lake
 from schemas import attributes as A
@@ -25,12 +26,64 @@ def record(r: Rollout, offset: int) -> KafkaRecord:
 def test_varints_match_protobuf() -> None:
     values = [0, 1, 127, 128, 16383, 16384, 49151, 2**31 - 1, 2**34]
     data = ArrayValue(values=[AnyValue(int_value=v) for v in values]).SerializeToString()
-    got = _varints(data, len(values))
+    got = _varints(data)
     assert got is not None and got.tolist() == values
     # anything but int items (a string, a negative 10-byte varint) is refused, never misread
     mixed = ArrayValue(values=[AnyValue(int_value=3), AnyValue(string_value="ab")]).SerializeToString()
-    assert _varints(mixed, 2) is None
-    assert _varints(ArrayValue(values=[AnyValue(int_value=-1)]).SerializeToString(), 1) is None
+    assert _varints(mixed) is None
+    assert _varints(ArrayValue(values=[AnyValue(int_value=-1)]).SerializeToString()) is None
+
+
+def _ints(values: list[int]) -> bytes:
+    return ArrayValue(values=[AnyValue(int_value=v) for v in values]).SerializeToString()
+
+
+def test_pieces_decode_together_only_when_each_is_a_whole_array() -> None:
+    got = _decode_pieces([_ints([1, 300]), b"", _ints([70000]), _ints([5, 6, 7])], is_int=True)
+    assert got is not None
+    assert got[0].tolist() == [1, 300, 70000, 5, 6, 7] and got[1].tolist() == [2, 0, 1, 3]
+    # Two broken halves of one array join into a clean one: refused, so each half meets the slow path.
+    whole = _ints([1, 300])
+    assert _decode_pieces([whole[:3], whole[3:]], is_int=True) is None
+    assert _decode_pieces([_ints([2**31])], is_int=True) is None  # out of int32: the slow path's error
+    doubles = ArrayValue(values=[AnyValue(double_value=-0.5), AnyValue(double_value=-2.0)]).SerializeToString()
+    got = _decode_pieces([doubles, b"", doubles[:11]], is_int=False)
+    assert got is not None and got[0].tolist() == [-0.5, -2.0, -0.5] and got[1].tolist() == [2, 0, 1]
+    assert _decode_pieces([doubles[:5]], is_int=False) is None
+
+
+def test_nested_attribute_values_read_as_the_real_messages_read_them() -> None:
+    """The lite parse keeps arrays and kvlists as bytes; what lands in `attributes` is unchanged."""
+    values = {
+        "tags": AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="a"), AnyValue(string_value="b")])),
+        "scores": AnyValue(array_value=ArrayValue(values=[AnyValue(double_value=0.25), AnyValue(double_value=1.5)])),
+        "mixed": AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1), AnyValue(bool_value=True)])),
+        "nested": AnyValue(
+            kvlist_value=KeyValueList(
+                values=[
+                    KeyValue(key="k", value=AnyValue(int_value=3)),
+                    KeyValue(key="deeper", value=AnyValue(kvlist_value=KeyValueList(values=[]))),
+                ]
+            )
+        ),
+        "raw": AnyValue(bytes_value=b"\x00\xff"),
+        "flag": AnyValue(bool_value=False),
+        "empty": AnyValue(array_value=ArrayValue()),
+    }
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.add(key="deployment", value=values["nested"])
+    span = rs.scope_spans.add().spans.add(
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="tool", start_time_unix_nano=1_750_000_000_000_000_000
+    )
+    span.attributes.extend([KeyValue(key=k, value=v) for k, v in values.items()])
+    batch = SpanBatch()
+    assert batch.add(KafkaRecord("t", 0, 0, b"k", req.SerializeToString(), [])) == 1
+    row = batch.to_table().to_pylist()[0]
+    expected = json.dumps({k: _any_value(v) for k, v in values.items()}, default=lambda a: a.tolist())
+    assert json.loads(row["attributes"]) == json.loads(expected)
+    assert json.loads(row["attributes"])["scores"] == [0.25, 1.5]
+    assert json.loads(row["resource_attributes"]) == {"deployment": {"k": 3, "deeper": {}}}
 
 
 def test_token_columns_and_late_quarantine() -> None:

@@ -20,8 +20,10 @@ def test_defaults(tmp_path: Path) -> None:
 
 def test_toml_then_env_precedence(tmp_path: Path) -> None:
     cfg = tmp_path / "agentlake.toml"
-    cfg.write_text('[collector]\nhttp_port = 5000\ngrpc_port = 5001\n[lake]\nroot = "s3://bucket/lake"\n'
-                   '[lake.storage_options]\nAWS_REGION = "eu-west-1"\n')
+    cfg.write_text(
+        '[collector]\nhttp_port = 5000\ngrpc_port = 5001\n[lake]\nroot = "s3://bucket/lake"\n'
+        '[lake.storage_options]\nAWS_REGION = "eu-west-1"\n'
+    )
     s = load_settings(cfg, environ={"AGENTLAKE_COLLECTOR__HTTP_PORT": "6000", "KAFKA_BOOTSTRAP_SERVERS": "k1:9092"})
     assert s.collector.http_port == 6000  # env wins
     assert s.collector.grpc_port == 5001  # file
@@ -31,8 +33,12 @@ def test_toml_then_env_precedence(tmp_path: Path) -> None:
 
 
 def test_env_json_values() -> None:
-    s = load_settings(environ={"AGENTLAKE_GATEWAY__UPSTREAMS": '["http://a:1", "http://b:2"]',
-                               "AGENTLAKE_COLLECTOR__AUTH_TOKENS": '{"tok": "acme"}'})
+    s = load_settings(
+        environ={
+            "AGENTLAKE_GATEWAY__UPSTREAMS": '["http://a:1", "http://b:2"]',
+            "AGENTLAKE_COLLECTOR__AUTH_TOKENS": '{"tok": "acme"}',
+        }
+    )
     assert s.gateway.upstreams == ["http://a:1", "http://b:2"]
     assert s.collector.auth_tokens == {"tok": "acme"}
 

@@ -74,8 +74,16 @@ def test_transition_round_trips_through_delta(tmp_path) -> None:
 def test_spans_row_with_nested_lists_round_trips() -> None:
     row = {f.name: None for f in tables.SPANS}
     row.update(
-        tenant="t", trace_id="a" * 32, span_id="b" * 16, name="chat", start_time=NOW, rollout_id="r",
-        prompt_token_ids=[1, 2], completion_token_ids=[3], completion_logprobs=[-0.1], day=NOW.date(),
+        tenant="t",
+        trace_id="a" * 32,
+        span_id="b" * 16,
+        name="chat",
+        start_time=NOW,
+        rollout_id="r",
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        completion_logprobs=[-0.1],
+        day=NOW.date(),
     )
     table = to_table([row], tables.SPANS)
     assert table.schema.equals(tables.SPANS, check_metadata=False)

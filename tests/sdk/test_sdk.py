@@ -26,8 +26,10 @@ def test_public_api_is_sorted_and_complete() -> None:
 
 
 def test_import_pulls_no_heavy_packages() -> None:
-    code = ("import sys, agentlake; heavy = [m for m in ('torch', 'vllm', 'dagster', 'transformers', 'kafka') "
-            "if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, agentlake; heavy = [m for m in ('torch', 'vllm', 'dagster', 'transformers', 'kafka') "
+        "if m in sys.modules]; print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -55,8 +57,9 @@ def test_rollout_stamps_every_span_and_rewards(spans: InMemorySpanExporter) -> N
     assert {s.attributes[A.ROLLOUT_ID] for s in first} == {r.rollout_id}
     assert r.rollout_id == format(first[0].context.trace_id, "032x")  # default: trace id
     assert all(s.attributes[A.ATTEMPT_ID] == "2" and s.attributes[A.AGENT_NAME] == "solver" for s in first)
-    rewards = sorted((s.attributes[A.REWARD_NAME], s.attributes[A.REWARD_VALUE])
-                     for s in first if s.name == A.REWARD_SPAN_NAME)
+    rewards = sorted(
+        (s.attributes[A.REWARD_NAME], s.attributes[A.REWARD_VALUE]) for s in first if s.name == A.REWARD_SPAN_NAME
+    )
     assert rewards == [("format", 0.25), ("primary", 1.0)]
     root = next(s for s in first if s.name == A.ROLLOUT_SPAN_NAME)
     assert root.attributes[A.ROLLOUT_STATUS] == "finished"
@@ -85,8 +88,11 @@ async def test_reward_decorator_sync_and_async(spans: InMemorySpanExporter) -> N
         assert await short("abcd") == 0.25
         with pytest.raises(agentlake.SdkError, match="not a number"):
             broken()
-    values = {(s.attributes[A.REWARD_NAME], s.attributes[A.REWARD_VALUE])
-              for s in spans.get_finished_spans() if s.name == A.REWARD_SPAN_NAME}
+    values = {
+        (s.attributes[A.REWARD_NAME], s.attributes[A.REWARD_VALUE])
+        for s in spans.get_finished_spans()
+        if s.name == A.REWARD_SPAN_NAME
+    }
     assert values == {("primary", 1.0), ("length", 0.25)}
 
 
@@ -94,34 +100,73 @@ def _vllm_like(request: httpx.Request) -> httpx.Response:
     body = json.loads(request.content)
     _vllm_like.seen = body  # type: ignore[attr-defined]
     _vllm_like.headers = dict(request.headers)  # type: ignore[attr-defined]
-    lps = {"content": [{"token": "a", "logprob": -0.1, "bytes": None, "top_logprobs": []},
-                       {"token": "b", "logprob": -0.2, "bytes": None, "top_logprobs": []}]}
+    lps = {
+        "content": [
+            {"token": "a", "logprob": -0.1, "bytes": None, "top_logprobs": []},
+            {"token": "b", "logprob": -0.2, "bytes": None, "top_logprobs": []},
+        ]
+    }
     if body.get("stream"):
         chunks = [
-            {"id": "c9", "object": "chat.completion.chunk", "created": 0, "model": "policy-v3",
-             "prompt_token_ids": [5, 6, 7], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                         "token_ids": []}]},
-            {"id": "c9", "object": "chat.completion.chunk", "created": 0, "model": "policy-v3",
-             "choices": [{"index": 0, "delta": {"content": "ab"}, "token_ids": [8, 9], "logprobs": lps,
-                          "finish_reason": "stop"}]},
+            {
+                "id": "c9",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "policy-v3",
+                "prompt_token_ids": [5, 6, 7],
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}],
+            },
+            {
+                "id": "c9",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "policy-v3",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": "ab"},
+                        "token_ids": [8, 9],
+                        "logprobs": lps,
+                        "finish_reason": "stop",
+                    }
+                ],
+            },
         ]
         text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
-    return httpx.Response(200, json={
-        "id": "c9", "object": "chat.completion", "created": 0, "model": "policy-v3", "prompt_token_ids": [5, 6, 7],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ab"}, "finish_reason": "stop",
-                     "logprobs": lps, "token_ids": [8, 9]}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-    })
+    return httpx.Response(
+        200,
+        json={
+            "id": "c9",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "policy-v3",
+            "prompt_token_ids": [5, 6, 7],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ab"},
+                    "finish_reason": "stop",
+                    "logprobs": lps,
+                    "token_ids": [8, 9],
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        },
+    )
 
 
 def test_openai_client_asks_vllm_for_ids_and_records_them(spans: InMemorySpanExporter) -> None:
-    client = openai.OpenAI(base_url="http://vllm.local/v1", api_key="x",
-                           http_client=httpx.Client(transport=httpx.MockTransport(_vllm_like)))
+    client = openai.OpenAI(
+        base_url="http://vllm.local/v1",
+        api_key="x",
+        http_client=httpx.Client(transport=httpx.MockTransport(_vllm_like)),
+    )
     with agentlake.rollout(task_id="t", rollout_id="r-oa"):
         out = client.chat.completions.create(model="policy-v3", messages=[{"role": "user", "content": "hi"}])
-        stream = client.chat.completions.create(model="policy-v3", messages=[{"role": "user", "content": "hi"}],
-                                                stream=True)
+        stream = client.chat.completions.create(
+            model="policy-v3", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
         text = "".join(c.choices[0].delta.content or "" for c in stream)
     assert out.choices[0].message.content == "ab" and out.choices[0].logprobs is None  # caller did not ask
     assert text == "ab"

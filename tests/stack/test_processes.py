@@ -14,8 +14,10 @@ from agentlake.stack import processes
 
 
 def test_start_and_stop_kills_children(tmp_path: Path) -> None:
-    script = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); " \
-             "print('ready', flush=True); time.sleep(60)"
+    script = (
+        "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
     proc = processes.start(tmp_path, "sleeper", [sys.executable, "-c", script], address="-")
     deadline = time.monotonic() + 10
     while "\nready" not in Path(proc.log).read_text() and time.monotonic() < deadline:
@@ -37,8 +39,12 @@ def test_stale_pid_file_never_kills_a_stranger(tmp_path: Path) -> None:
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         record = {
-            "name": "ghost", "pid": stranger.pid, "argv": ["x"], "create_time": 1.0,  # wrong start time
-            "address": "-", "log": str(tmp_path / "ghost.log"),
+            "name": "ghost",
+            "pid": stranger.pid,
+            "argv": ["x"],
+            "create_time": 1.0,  # wrong start time
+            "address": "-",
+            "log": str(tmp_path / "ghost.log"),
         }
         processes.run_dir(tmp_path).mkdir(parents=True)
         (processes.run_dir(tmp_path) / "ghost.json").write_text(json.dumps(record))

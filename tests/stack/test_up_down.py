@@ -17,7 +17,11 @@ pytestmark = pytest.mark.slow
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agentlake", *args], env=env, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "agentlake", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
         cwd=Path(__file__).resolve().parents[2],
     )
 
