@@ -39,7 +39,11 @@ def materialize_all(
     env = {**local.child_env(settings, bootstrap), **(extra_env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions", "--select", select],
-        env={**os.environ, **env}, capture_output=True, text=True, cwd=local.REPO_ROOT, timeout=900,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        cwd=local.REPO_ROOT,
+        timeout=900,
     )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-25:])
@@ -61,9 +65,13 @@ def run_smoke_demo(settings: Settings, *, on_step: Callable[[str], None] = lambd
     materialize_all(settings, bootstrap)
     lake = Lake(local.child_env(settings, bootstrap)["AGENTLAKE_LAKE"], settings.lake.storage_options)
     infos = list_tables(lake)
-    tables = pa.table({
-        "table": [i.name for i in infos], "rows": [i.rows for i in infos], "version": [i.version for i in infos],
-    })
+    tables = pa.table(
+        {
+            "table": [i.name for i in infos],
+            "rows": [i.rows for i in infos],
+            "version": [i.version for i in infos],
+        }
+    )
     reward_by_task = run_query(
         lake,
         "SELECT task_id, count(*) AS rollouts, round(avg(final_reward), 3) AS mean_reward, "

@@ -81,8 +81,12 @@ def evaluate(settings: Settings, plan: LoopPlan) -> float:
     # The same held-out set whatever the training seed, so runs are comparable.
     tasks = make_tasks(plan.eval_tasks, seed=HELD_OUT_SEED, prefix="heldout", kinds=plan.task_kinds)
     results = run_batch(
-        settings.vllm.url, [t for t in tasks for _ in range(plan.eval_samples)], model=settings.model.served_name,
-        concurrency=plan.concurrency, temperature=plan.temperature, tracer=otel_trace.NoOpTracer(),
+        settings.vllm.url,
+        [t for t in tasks for _ in range(plan.eval_samples)],
+        model=settings.model.served_name,
+        concurrency=plan.concurrency,
+        temperature=plan.temperature,
+        tracer=otel_trace.NoOpTracer(),
     )
     return statistics.fmean(r.reward for r in results)
 
@@ -142,8 +146,14 @@ def plot_rewards(report: LoopReport, path: Path) -> Path:
     xs = [r.round for r in report.rounds]
     ax.plot(xs, [r.mean_reward for r in report.rounds], marker="o", label="training rollouts")
     for r in report.rounds:
-        ax.annotate(r.policy_version, (r.round, r.mean_reward), textcoords="offset points", xytext=(0, 6),
-                    ha="center", fontsize=8)
+        ax.annotate(
+            r.policy_version,
+            (r.round, r.mean_reward),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=8,
+        )
     ax.axhline(report.eval_before, color="grey", linestyle="--", label=f"held-out before ({report.eval_before:.2f})")
     ax.axhline(report.eval_after, color="green", linestyle="--", label=f"held-out after ({report.eval_after:.2f})")
     ax.set_xlabel("round")
@@ -194,13 +204,16 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
         t0 = time.monotonic()
         version = serving_version(settings)
         tasks = make_tasks(
-            plan.tasks_per_round, seed=plan.seed * 1000 + rnd, prefix=f"train-s{plan.seed}-r{rnd}",
+            plan.tasks_per_round,
+            seed=plan.seed * 1000 + rnd,
+            prefix=f"train-s{plan.seed}-r{rnd}",
             kinds=plan.task_kinds,
         )
         batch = [t for t in tasks for _ in range(plan.samples_per_task)]
         on_step(f"round {rnd}/{plan.rounds}: {len(batch)} rollouts served by {version}")
-        results = run_batch(gateway, batch, model=settings.model.served_name, concurrency=plan.concurrency,
-                            temperature=plan.temperature)
+        results = run_batch(
+            gateway, batch, model=settings.model.served_name, concurrency=plan.concurrency, temperature=plan.temperature
+        )
         agentlake.flush()
         on_step(f"round {rnd}/{plan.rounds}: waiting for Dagster to ingest spans and build transitions")
         wait_for_transitions(settings, {r.rollout_id for r in results}, timeout_s=plan.train_timeout_s)
@@ -208,9 +221,13 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
         materialize_all(settings, bootstrap, {"AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": "1"}, select="policy")
         after = wait_for_new_version(settings, version, timeout_s=60)
         record = RoundRecord(
-            round=rnd, policy_version=version, rollouts=len(results),
-            mean_reward=statistics.fmean(r.reward for r in results), seconds=time.monotonic() - t0,
-            trained_version=after if after != version else None, loss=_last_loss(settings, after),
+            round=rnd,
+            policy_version=version,
+            rollouts=len(results),
+            mean_reward=statistics.fmean(r.reward for r in results),
+            seconds=time.monotonic() - t0,
+            trained_version=after if after != version else None,
+            loss=_last_loss(settings, after),
         )
         report.rounds.append(record)
     on_step(f"scoring {serving_version(settings)} on the held-out tasks")

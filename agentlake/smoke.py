@@ -27,9 +27,9 @@ class SyntheticRollout:
     calls: int
 
 
-def emit_synthetic_rollouts(settings: Settings, *, n_tasks: int = 4, per_task: int = 4, seed: int = 0) -> list[
-    SyntheticRollout
-]:
+def emit_synthetic_rollouts(
+    settings: Settings, *, n_tasks: int = 4, per_task: int = 4, seed: int = 0
+) -> list[SyntheticRollout]:
     """Send rollouts (a root span, 1-3 LLM calls with token ids, a reward span) through OTLP/HTTP."""
     rng = random.Random(seed)
     c = settings.collector
@@ -68,9 +68,7 @@ def emit_synthetic_rollouts(settings: Settings, *, n_tasks: int = 4, per_task: i
                     ):
                         pass
                     prompt = prompt + completion + [rng.randint(10, 1000) for _ in range(4)]
-                with tracer.start_as_current_span(
-                    attr.REWARD_SPAN_NAME, attributes={**ids, attr.REWARD_VALUE: reward}
-                ):
+                with tracer.start_as_current_span(attr.REWARD_SPAN_NAME, attributes={**ids, attr.REWARD_VALUE: reward}):
                     pass
                 root.set_attribute(attr.ROLLOUT_STATUS, "finished")
             out.append(SyntheticRollout(rollout_id, task_id, reward, calls))

@@ -45,9 +45,13 @@ def make_body(batch: int, seq: int) -> bytes:
     ss.scope.name = "bench"
     for i in range(batch):
         t = (seq * 100_000 + i // SPANS_PER_TRACE).to_bytes(16, "big")
-        s = ss.spans.add(trace_id=t, span_id=(seq * 10_000 + i + 1).to_bytes(8, "big"), name="llm.step",
-                         start_time_unix_nano=1_700_000_000_000_000_000 + i,
-                         end_time_unix_nano=1_700_000_001_000_000_000)
+        s = ss.spans.add(
+            trace_id=t,
+            span_id=(seq * 10_000 + i + 1).to_bytes(8, "big"),
+            name="llm.step",
+            start_time_unix_nano=1_700_000_000_000_000_000 + i,
+            end_time_unix_nano=1_700_000_001_000_000_000,
+        )
         s.attributes.add(key="agentlake.rollout.id", value={"string_value": f"rollout-{seq}-{i // SPANS_PER_TRACE}"})
         s.attributes.add(key="gen_ai.operation.name", value={"string_value": "chat"})
         s.attributes.add(key="gen_ai.usage.input_tokens", value={"int_value": 120})
@@ -102,10 +106,24 @@ def drive(send, bodies: list[bytes], batch: int, seconds: float, clients: int) -
 
 def raw_ceiling(bootstrap: str, topic: str, bodies: list[bytes], batch: int, seconds: float) -> float:
     """kafka-python producing the records the collector would write, acks=all, as fast as it can."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=2,
-                             batch_size=1 << 20, max_request_size=17 << 20)
-    splits = [split_traces(ExportTraceServiceRequest.FromString(b), tenant="default", topic=topic,
-                           received_at_ns=time.time_ns(), original=b).records for b in bodies]
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=2,
+        batch_size=1 << 20,
+        max_request_size=17 << 20,
+    )
+    splits = [
+        split_traces(
+            ExportTraceServiceRequest.FromString(b),
+            tenant="default",
+            topic=topic,
+            received_at_ns=time.time_ns(),
+            original=b,
+        ).records
+        for b in bodies
+    ]
     spans = 0
     start = time.monotonic()
     i = 0
@@ -123,9 +141,14 @@ def raw_ceiling(bootstrap: str, topic: str, bodies: list[bytes], batch: int, sec
 
 
 def gateway_overhead(vllm_url: str, gateway_url: str, n: int = 30) -> tuple[float, float]:
-    body = {"model": httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"],
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
+    body = {
+        "model": httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"],
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
     with httpx.Client(timeout=120) as c:
+
         def p50(url: str) -> float:
             lat = []
             for _ in range(n):
@@ -148,13 +171,24 @@ def main() -> None:
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     broker = LocalBroker().start()
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, spans_topic="bench.spans", rewards_topic="bench.rewards",
-                          models_topic="bench.models", partitions=4)
+    kafka = KafkaSettings(
+        bootstrap_servers=broker.bootstrap,
+        spans_topic="bench.spans",
+        rewards_topic="bench.rewards",
+        models_topic="bench.models",
+        partitions=4,
+    )
     ensure_topics(kafka, broker.bootstrap)
     http_port, grpc_port, gw_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "AGENTLAKE_KAFKA__SPANS_TOPIC": kafka.spans_topic,
-           "AGENTLAKE_KAFKA__REWARDS_TOPIC": kafka.rewards_topic, "AGENTLAKE_COLLECTOR__HTTP_PORT": str(http_port),
-           "AGENTLAKE_COLLECTOR__GRPC_PORT": str(grpc_port), "AGENTLAKE_GATEWAY__PORT": str(gw_port)}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "AGENTLAKE_KAFKA__SPANS_TOPIC": kafka.spans_topic,
+        "AGENTLAKE_KAFKA__REWARDS_TOPIC": kafka.rewards_topic,
+        "AGENTLAKE_COLLECTOR__HTTP_PORT": str(http_port),
+        "AGENTLAKE_COLLECTOR__GRPC_PORT": str(grpc_port),
+        "AGENTLAKE_GATEWAY__PORT": str(gw_port),
+    }
     if args.gateway:
         env["AGENTLAKE_GATEWAY__UPSTREAMS"] = f'["{args.gateway}"]'
     procs = [subprocess.Popen([sys.executable, "-m", "collectors"], env=env, stderr=subprocess.DEVNULL)]
@@ -171,18 +205,25 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise SystemExit("collector did not become healthy")
             time.sleep(0.2)
-        print(f"collector: OTLP/HTTP :{http_port}, OTLP/gRPC :{grpc_port}; broker {broker.bootstrap}; "
-              f"{args.clients} client threads, {args.seconds:.0f}s per cell, traces of {SPANS_PER_TRACE} spans")
-        print(f"{'protocol':8} {'batch':>5} {'spans/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
-              f"{'raw spans/s':>12} {'ratio':>6}")
-        http = httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=30,
-                            limits=httpx.Limits(max_connections=args.clients * 2))
+        print(
+            f"collector: OTLP/HTTP :{http_port}, OTLP/gRPC :{grpc_port}; broker {broker.bootstrap}; "
+            f"{args.clients} client threads, {args.seconds:.0f}s per cell, traces of {SPANS_PER_TRACE} spans"
+        )
+        print(
+            f"{'protocol':8} {'batch':>5} {'spans/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+            f"{'raw spans/s':>12} {'ratio':>6}"
+        )
+        http = httpx.Client(
+            base_url=f"http://127.0.0.1:{http_port}", timeout=30, limits=httpx.Limits(max_connections=args.clients * 2)
+        )
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
 
         def send_http(body: bytes) -> bool:
-            return http.post("/v1/traces", content=body,
-                             headers={"content-type": "application/x-protobuf"}).status_code == 200
+            return (
+                http.post("/v1/traces", content=body, headers={"content-type": "application/x-protobuf"}).status_code
+                == 200
+            )
 
         def send_grpc(body: bytes) -> bool:
             try:
@@ -194,18 +235,27 @@ def main() -> None:
         seq = itertools.count()
         for batch in batches:
             pool = int(args.max_rate * args.seconds / batch) + 20
-            raw = raw_ceiling(broker.bootstrap, kafka.spans_topic, [make_body(batch, next(seq)) for _ in range(64)],
-                              batch, args.seconds)
+            raw = raw_ceiling(
+                broker.bootstrap,
+                kafka.spans_topic,
+                [make_body(batch, next(seq)) for _ in range(64)],
+                batch,
+                args.seconds,
+            )
             for name, send in (("http", send_http), ("grpc", send_grpc)):
                 bodies = [make_body(batch, next(seq)) for _ in range(pool)]
                 send(bodies.pop())
                 rate, lat, errors = drive(send, bodies, batch, args.seconds, args.clients)
-                print(f"{name:8} {batch:>5} {rate:>10,.0f} {percentile(lat, 0.5):>8.2f} {percentile(lat, 0.99):>8.2f} "
-                      f"{errors:>6} {raw:>12,.0f} {rate / raw:>6.2f}")
+                print(
+                    f"{name:8} {batch:>5} {rate:>10,.0f} {percentile(lat, 0.5):>8.2f} {percentile(lat, 0.99):>8.2f} "
+                    f"{errors:>6} {raw:>12,.0f} {rate / raw:>6.2f}"
+                )
         if args.gateway:
             direct, through = gateway_overhead(args.gateway, f"http://127.0.0.1:{gw_port}")
-            print(f"gateway: vLLM direct p50 {direct:.1f} ms, through gateway p50 {through:.1f} ms, "
-                  f"overhead {through - direct:.1f} ms")
+            print(
+                f"gateway: vLLM direct p50 {direct:.1f} ms, through gateway p50 {through:.1f} ms, "
+                f"overhead {through - direct:.1f} ms"
+            )
     finally:
         for p in procs:
             p.terminate()

@@ -1,11 +1,11 @@
 """Everything that accepts data from running agents: OTLP receivers, the LLM gateway, the sink.
 
-    records      pure decoding: OTLP protobuf/JSON and reward events -> Kafka records
-    sink         the one-method RecordSink seam (and an in-memory one)
-    kafka_sink   the no-loss Kafka producer behind it
-    service      auth, idempotent delivery; shared by both receivers
-    otlp_http    POST /v1/traces, POST /v1/rewards, GET /health (Starlette)
-    otlp_grpc    TraceService/Export (grpc.aio)
-    server       both receivers in one process; `python -m collectors`
-    gateway      the OpenAI-compatible proxy in front of vLLM; `python -m collectors.gateway`
+records      pure decoding: OTLP protobuf/JSON and reward events -> Kafka records
+sink         the one-method RecordSink seam (and an in-memory one)
+kafka_sink   the no-loss Kafka producer behind it
+service      auth, idempotent delivery; shared by both receivers
+otlp_http    POST /v1/traces, POST /v1/rewards, GET /health (Starlette)
+otlp_grpc    TraceService/Export (grpc.aio)
+server       both receivers in one process; `python -m collectors`
+gateway      the OpenAI-compatible proxy in front of vLLM; `python -m collectors.gateway`
 """

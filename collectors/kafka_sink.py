@@ -40,8 +40,6 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
-
-
 class _Waiter:
     """Counts acknowledgements of one ``send`` call on the sender thread; wakes the loop once."""
 

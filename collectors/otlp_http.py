@@ -90,9 +90,7 @@ def create_app(collector: Collector, health: HealthCheck) -> Starlette:
 
     async def healthz(_: Request) -> Response:
         report = await health()
-        return Response(
-            json.dumps(report), 200 if report.get("status") == "ok" else 503, media_type="application/json"
-        )
+        return Response(json.dumps(report), 200 if report.get("status") == "ok" else 503, media_type="application/json")
 
     return Starlette(
         routes=[

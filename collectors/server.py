@@ -131,8 +131,9 @@ class CollectorServer:
             if self._http_task.done():
                 self._http_task.result()
             await asyncio.sleep(0.01)
-        log.info("collector listening: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d", cfg.host, self.http_port, cfg.host,
-                 self.grpc_port)
+        log.info(
+            "collector listening: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d", cfg.host, self.http_port, cfg.host, self.grpc_port
+        )
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish, then flush and close the producer."""

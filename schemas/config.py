@@ -206,8 +206,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             section, key = rest.split("__", 1)
             if section not in sections:
                 raise ConfigError(
-                    f"environment variable {name}: unknown section {section!r}; "
-                    f"expected one of {', '.join(sections)}"
+                    f"environment variable {name}: unknown section {section!r}; expected one of {', '.join(sections)}"
                 )
         else:
             continue

@@ -107,9 +107,7 @@ def _check_timestamp(path: str, value: Any) -> dt.datetime:
         if parsed.tzinfo is None:
             raise RecordValidationError(path, f"{value!r} has no time zone; add 'Z' or an offset")
         return parsed.astimezone(dt.UTC)
-    raise RecordValidationError(
-        path, f"expected an ISO 8601 string or integer nanoseconds, got {_type_name(value)}"
-    )
+    raise RecordValidationError(path, f"expected an ISO 8601 string or integer nanoseconds, got {_type_name(value)}")
 
 
 def _check_fields(prefix: str, record: Mapping[str, Any], fields: Iterable[pa.Field]) -> dict[str, Any]:

@@ -135,8 +135,6 @@ def gateway_call(gateway_url: str | None, path: str) -> bool:
     return True
 
 
-
-
 def release_event(row: dict[str, Any], status: str, *, served_name: str, error: str | None = None) -> dict[str, Any]:
     """A ``MODEL_RELEASE_EVENT`` for a registry row, validated against the schema."""
     event = {

@@ -79,8 +79,10 @@ def _finish(span: trace.Span, result: Any, chat: bool, asked_lp: bool, started: 
         span.set_attribute(A.LLM_RESPONSE_ID, rid)
     usage = _get(result, "usage")
     if usage is not None:
-        for key, attr in (("prompt_tokens", A.GEN_AI_USAGE_INPUT_TOKENS), ("completion_tokens",
-                                                                          A.GEN_AI_USAGE_OUTPUT_TOKENS)):
+        for key, attr in (
+            ("prompt_tokens", A.GEN_AI_USAGE_INPUT_TOKENS),
+            ("completion_tokens", A.GEN_AI_USAGE_OUTPUT_TOKENS),
+        ):
             if _get(usage, key) is not None:
                 span.set_attribute(attr, int(_get(usage, key)))
     choices = _get(result, "choices") or []

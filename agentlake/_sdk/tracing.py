@@ -150,8 +150,12 @@ def init(
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
             exporter = HttpExporter(endpoint=f"{endpoint}/v1/traces", headers=headers)
-    resource = Resource.create({A.SERVICE_NAME: service_name or agent_name or "agentlake-agent",
-                                **({A.AGENT_NAME: agent_name} if agent_name else {})})
+    resource = Resource.create(
+        {
+            A.SERVICE_NAME: service_name or agent_name or "agentlake-agent",
+            **({A.AGENT_NAME: agent_name} if agent_name else {}),
+        }
+    )
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(_RolloutStamper())
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
@@ -180,12 +184,16 @@ def flush(timeout_s: float = 30.0) -> bool:
 
 
 def rollout(
-    task_id: str | None = None, *, rollout_id: str | None = None, attempt: str | int | None = None,
+    task_id: str | None = None,
+    *,
+    rollout_id: str | None = None,
+    attempt: str | int | None = None,
     agent_name: str | None = None,
 ) -> Rollout:
     """``with agentlake.rollout(task_id=...) as r:`` stamps every span inside with the rollout's ids."""
-    return Rollout(task_id=task_id, rollout_id=rollout_id, attempt=None if attempt is None else str(attempt),
-                   agent_name=agent_name)
+    return Rollout(
+        task_id=task_id, rollout_id=rollout_id, attempt=None if attempt is None else str(attempt), agent_name=agent_name
+    )
 
 
 def current_rollout() -> Rollout | None:
@@ -202,8 +210,14 @@ def _reward_span(r: Rollout | None, value: float, name: str) -> None:
 
 
 def emit_reward(
-    value: float, name: str = A.PRIMARY_REWARD_NAME, *, rollout_id: str | None = None, trace_id: str | None = None,
-    response_id: str | None = None, event_id: str | None = None, timeout_s: float = 10.0,
+    value: float,
+    name: str = A.PRIMARY_REWARD_NAME,
+    *,
+    rollout_id: str | None = None,
+    trace_id: str | None = None,
+    response_id: str | None = None,
+    event_id: str | None = None,
+    timeout_s: float = 10.0,
 ) -> None:
     """Record a reward: a reward span inside the current rollout, or a late event naming the rollout.
 
@@ -221,8 +235,15 @@ def emit_reward(
         return
     import httpx
 
-    event = {"value": float(value), "name": name, "rollout_id": rollout_id, "trace_id": trace_id,
-             "response_id": response_id, "event_id": event_id, "timestamp": time.time_ns()}
+    event = {
+        "value": float(value),
+        "name": name,
+        "rollout_id": rollout_id,
+        "trace_id": trace_id,
+        "response_id": response_id,
+        "event_id": event_id,
+        "timestamp": time.time_ns(),
+    }
     event = {k: v for k, v in event.items() if v is not None}
     url = _state.endpoint if _state.provider is not None else (os.environ.get("AGENTLAKE_ENDPOINT") or DEFAULT_ENDPOINT)
     try:
@@ -253,6 +274,7 @@ def reward(fn: F | None = None, *, name: str = A.PRIMARY_REWARD_NAME) -> F | Cal
             return result
 
         if inspect.iscoroutinefunction(f):
+
             @functools.wraps(f)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:
                 return check(await f(*args, **kwargs))

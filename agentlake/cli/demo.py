@@ -27,7 +27,7 @@ def _smoke(settings) -> None:  # noqa: ANN001 - Settings
     console.print(f"[green]sent[/] {report.rollouts_sent} rollouts through the collector")
     console.print(_arrow_table("lake tables", report.tables))
     console.print(_arrow_table("reward by task (DuckDB over trajectories)", report.reward_by_task))
-    console.print(f"done in {report.seconds:.0f}s; query more with: .venv/bin/agentlake query \"SQL\"")
+    console.print(f'done in {report.seconds:.0f}s; query more with: .venv/bin/agentlake query "SQL"')
 
 
 def _loop(settings, plan) -> None:  # noqa: ANN001 - Settings, LoopPlan
@@ -39,8 +39,15 @@ def _loop(settings, plan) -> None:  # noqa: ANN001 - Settings, LoopPlan
     for col in ("round", "served by", "rollouts", "mean reward", "trained", "loss", "seconds"):
         table.add_column(col)
     for r in report.rounds:
-        table.add_row(str(r.round), r.policy_version, str(r.rollouts), f"{r.mean_reward:.3f}",
-                      r.trained_version or "-", "-" if r.loss is None else f"{r.loss:.4f}", f"{r.seconds:.0f}")
+        table.add_row(
+            str(r.round),
+            r.policy_version,
+            str(r.rollouts),
+            f"{r.mean_reward:.3f}",
+            r.trained_version or "-",
+            "-" if r.loss is None else f"{r.loss:.4f}",
+            f"{r.seconds:.0f}",
+        )
     console.print(table)
     console.print(
         f"held-out mean reward on {report.eval_tasks} tasks: before {report.eval_before:.3f}, "
@@ -69,8 +76,17 @@ def demo(
         else:
             from agentlake.loop import LoopPlan
 
-            _loop(settings, LoopPlan(rounds=rounds, tasks_per_round=tasks, samples_per_task=samples,
-                                     eval_tasks=eval_tasks, seed=seed, learning_rate=lr))
+            _loop(
+                settings,
+                LoopPlan(
+                    rounds=rounds,
+                    tasks_per_round=tasks,
+                    samples_per_task=samples,
+                    eval_tasks=eval_tasks,
+                    seed=seed,
+                    learning_rate=lr,
+                ),
+            )
     finally:
         stopped = local.down(settings)
         console.print(f"stopped: {', '.join(stopped) or 'nothing'}")

@@ -29,8 +29,9 @@ def up(
     """Start the local stack and wait until every part is healthy."""
     settings = settings_or_exit(config)
     with console.status("starting") as spinner:
-        rows = local.up(settings, with_vllm=vllm, with_dagster=dagster,
-                        on_step=lambda part: spinner.update(f"starting {part}"))
+        rows = local.up(
+            settings, with_vllm=vllm, with_dagster=dagster, on_step=lambda part: spinner.update(f"starting {part}")
+        )
     console.print(_render(rows))
     console.print(f"logs: {local.state_dir(settings) / 'logs'}   stop with: agentlake down")
 

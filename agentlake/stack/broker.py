@@ -53,8 +53,6 @@ def wait_for_port(host: str, port: int, timeout_s: float = 20.0) -> None:
     raise StackError(f"nothing is listening on {host}:{port} after {timeout_s:.0f}s")
 
 
-
-
 def ensure_topics(
     settings: KafkaSettings, bootstrap: str, topics: Iterable[str] | None = None, *, timeout_s: float = 30.0
 ) -> list[str]:

@@ -20,7 +20,6 @@ def kafka_ok(settings: KafkaSettings, bootstrap: str, *, timeout_s: float = 5.0)
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
-
     try:
         admin = KafkaAdminClient(
             **settings.client_config(bootstrap),

@@ -165,9 +165,16 @@ def up(
                 settings,
                 "dagster",
                 [
-                    sys.executable, "-m", "dagster", "dev",
-                    "-w", str((d.home / "workspace.yaml").resolve()),
-                    "-h", d.host, "-p", str(d.port),
+                    sys.executable,
+                    "-m",
+                    "dagster",
+                    "dev",
+                    "-w",
+                    str((d.home / "workspace.yaml").resolve()),
+                    "-h",
+                    d.host,
+                    "-p",
+                    str(d.port),
                 ],
                 f"http://{d.host}:{d.port}",
                 lambda: http_ok(f"http://{d.host}:{d.port}/server_info"),
@@ -224,12 +231,26 @@ def status(settings: Settings) -> list[PartStatus]:
     bootstrap = bootstrap_servers(settings)
     broker = processes.read(sdir, "broker")
     if settings.kafka.external:
-        rows.append(PartStatus("broker", settings.kafka.bootstrap_servers, None,
-                               kafka_ok(settings.kafka, settings.kafka.bootstrap_servers), "external Kafka"))
+        rows.append(
+            PartStatus(
+                "broker",
+                settings.kafka.bootstrap_servers,
+                None,
+                kafka_ok(settings.kafka, settings.kafka.bootstrap_servers),
+                "external Kafka",
+            )
+        )
     else:
         healthy = bootstrap is not None and kafka_ok(settings.kafka, bootstrap)
-        rows.append(PartStatus("broker", broker.address if broker else "-", broker.pid if broker else None,
-                               healthy, "local Tansu" if broker else "not started"))
+        rows.append(
+            PartStatus(
+                "broker",
+                broker.address if broker else "-",
+                broker.pid if broker else None,
+                healthy,
+                "local Tansu" if broker else "not started",
+            )
+        )
     c, d, g, v = settings.collector, settings.dagster, settings.gateway, settings.vllm
     probes = {
         "collector": (f"http://{c.host}:{c.http_port}", f"http://{c.host}:{c.http_port}/health"),
@@ -243,8 +264,7 @@ def status(settings: Settings) -> list[PartStatus]:
         detail = f"log: {proc.log}" if proc else "not started"
         if proc is not None and not running:
             detail = f"exited; log: {proc.log}"
-        rows.append(PartStatus(name, address, proc.pid if running and proc else None,
-                               running and http_ok(url), detail))
+        rows.append(PartStatus(name, address, proc.pid if running and proc else None, running and http_ok(url), detail))
     return rows
 
 

@@ -38,13 +38,26 @@ Kind = Literal["chat", "completions"]
 ROLLOUT_HEADER = "x-agentlake-rollout-id"
 ATTEMPT_HEADER = "x-agentlake-attempt-id"
 TASK_HEADER = "x-agentlake-task-id"
-_DROP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "traceparent",
-                 "tracestate", "accept-encoding", "upgrade", "te", "trailer", "proxy-authorization"}
+_DROP_HEADERS = {
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "traceparent",
+    "tracestate",
+    "accept-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-authorization",
+}
 _MODELS_TTL_S = 2.0  # short: a LoRA hot swap under the same name must show up as a new policy version
 
 
-def openai_error(status: int, message: str, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None) -> JSONResponse:
+def openai_error(
+    status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
 
 
@@ -211,9 +224,7 @@ class Gateway:
             try:
                 r = await self.client.get(f"{upstream}/v1/models", timeout=5.0)
                 parents = {
-                    m["id"]: (m.get("parent"), m.get("root"))
-                    for m in r.json().get("data", [])
-                    if isinstance(m, dict)
+                    m["id"]: (m.get("parent"), m.get("root")) for m in r.json().get("data", []) if isinstance(m, dict)
                 }
             except (httpx.HTTPError, ValueError, KeyError, AttributeError, TypeError):
                 parents = {}
@@ -272,22 +283,34 @@ class Gateway:
             output = choice.get("message") if kind == "chat" else {"role": "assistant", "content": choice.get("text")}
             calls.append(
                 LlmCall(
-                    trace_id=trace_id, span_id=span_id, parent_span_id=base.parent_span_id, start_ns=base.start_ns,
-                    end_ns=base.end_ns, operation=base.operation, upstream=base.upstream, streamed=base.streamed,
-                    request_model=base.request_model, request_messages=base.request_messages,
-                    response_model=data.get("model"), response_id=data.get("id"),
+                    trace_id=trace_id,
+                    span_id=span_id,
+                    parent_span_id=base.parent_span_id,
+                    start_ns=base.start_ns,
+                    end_ns=base.end_ns,
+                    operation=base.operation,
+                    upstream=base.upstream,
+                    streamed=base.streamed,
+                    request_model=base.request_model,
+                    request_messages=base.request_messages,
+                    response_model=data.get("model"),
+                    response_id=data.get("id"),
                     prompt_token_ids=prompt if isinstance(prompt, list) else None,
                     completion_token_ids=choice.get("token_ids") if isinstance(choice.get("token_ids"), list) else None,
-                    completion_logprobs=_choice_logprobs(choice, kind), output_message=output,
-                    finish_reason=choice.get("finish_reason"), usage=usage or {}, ids=base.ids,
+                    completion_logprobs=_choice_logprobs(choice, kind),
+                    output_message=output,
+                    finish_reason=choice.get("finish_reason"),
+                    usage=usage or {},
+                    ids=base.ids,
                 )
             )
         return calls
 
     async def completion(self, request: Request, kind: Kind) -> Response:
         if self.paused:
-            return openai_error(429, "the policy is being updated; retry shortly", "rate_limit_error",
-                                headers={"Retry-After": "1"})
+            return openai_error(
+                429, "the policy is being updated; retry shortly", "rate_limit_error", headers={"Retry-After": "1"}
+            )
         try:
             body = json.loads(await request.body())
         except (ValueError, UnicodeDecodeError) as exc:
@@ -296,8 +319,11 @@ class Gateway:
             return openai_error(400, "request body must be a JSON object")
         ids = {}
         rollout = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
-        for key, value in ((A.ROLLOUT_ID, rollout), (A.ATTEMPT_ID, request.headers.get(ATTEMPT_HEADER)),
-                           (A.TASK_ID, request.headers.get(TASK_HEADER))):
+        for key, value in (
+            (A.ROLLOUT_ID, rollout),
+            (A.ATTEMPT_ID, request.headers.get(ATTEMPT_HEADER)),
+            (A.TASK_ID, request.headers.get(TASK_HEADER)),
+        ):
             if value:
                 ids[key] = value
         parent = parse_traceparent(request.headers.get("traceparent"))
@@ -306,18 +332,28 @@ class Gateway:
             trace_id = parent[0]
         upstream = self.upstreams[next(self._next)]
         base = LlmCall(
-            trace_id=trace_id, span_id=span_id, parent_span_id=parent[1] if parent else None,
-            start_ns=time.time_ns(), operation="chat" if kind == "chat" else "text_completion", upstream=upstream,
-            streamed=bool(body.get("stream")), request_model=body.get("model") if isinstance(body.get("model"), str)
-            else None, request_messages=body.get("messages") if kind == "chat" else body.get("prompt"), ids=ids,
+            trace_id=trace_id,
+            span_id=span_id,
+            parent_span_id=parent[1] if parent else None,
+            start_ns=time.time_ns(),
+            operation="chat" if kind == "chat" else "text_completion",
+            upstream=upstream,
+            streamed=bool(body.get("stream")),
+            request_model=body.get("model") if isinstance(body.get("model"), str) else None,
+            request_messages=body.get("messages") if kind == "chat" else body.get("prompt"),
+            ids=ids,
         )
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         asked = _Asked(body, kind)
         self._enter()
         streaming = False
         try:
-            req = self.client.build_request("POST", upstream + path, json=_force(body, kind),
-                                            headers=self._headers(request, traceparent(trace_id, span_id)))
+            req = self.client.build_request(
+                "POST",
+                upstream + path,
+                json=_force(body, kind),
+                headers=self._headers(request, traceparent(trace_id, span_id)),
+            )
             try:
                 resp = await self.client.send(req, stream=True)
             except httpx.TimeoutException as exc:

@@ -51,8 +51,14 @@ class GatewayServer:
         g = self.settings.gateway
         sock = bind(g.host, g.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(create_app(self.gateway), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=int(min(g.request_timeout_s, 60)), server_header=False)
+        config = uvicorn.Config(
+            create_app(self.gateway),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(min(g.request_timeout_s, 60)),
+            server_header=False,
+        )
         self._server = QuietServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:

@@ -54,8 +54,14 @@ def setup(endpoint: str | None = None, *, exporter: SpanExporter | None = None) 
     The instrumentor replaces the Agents SDK's default trace processor (which uploads to OpenAI)
     with one that writes OTel spans into our provider. Calling ``setup`` again re-targets it.
     """
-    provider = agentlake.init(endpoint, agent_name=AGENT_NAME, exporter=exporter, batch=exporter is None,
-                              instrument_openai=False, set_global=False)
+    provider = agentlake.init(
+        endpoint,
+        agent_name=AGENT_NAME,
+        exporter=exporter,
+        batch=exporter is None,
+        instrument_openai=False,
+        set_global=False,
+    )
     instrumentor = OpenAIAgentsInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()
@@ -84,8 +90,9 @@ def make_agent(client: AsyncOpenAI, model: str, *, temperature: float, max_token
         name=AGENT_NAME,
         instructions=SYSTEM_PROMPT,
         model=OpenAIChatCompletionsModel(model=model, openai_client=client),
-        model_settings=ModelSettings(temperature=temperature, max_tokens=max_tokens,
-                                     extra_args={"stop": ["\nRESULT", "RESULT:"]}),
+        model_settings=ModelSettings(
+            temperature=temperature, max_tokens=max_tokens, extra_args={"stop": ["\nRESULT", "RESULT:"]}
+        ),
     )
 
 
@@ -121,8 +128,15 @@ async def run_rollout(agent: Agent, task: MathTask, *, max_turns: int = 4) -> Ro
 
 
 async def run_batch_async(
-    base_url: str, tasks: list[MathTask], *, model: str, concurrency: int = 4, temperature: float = 0.8,
-    max_tokens: int = 40, max_turns: int = 4, transport: httpx.AsyncBaseTransport | None = None,
+    base_url: str,
+    tasks: list[MathTask],
+    *,
+    model: str,
+    concurrency: int = 4,
+    temperature: float = 0.8,
+    max_tokens: int = 40,
+    max_turns: int = 4,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[RolloutResult]:
     """Run ``tasks`` with at most ``concurrency`` in flight; call ``setup`` first."""
     client = make_client(base_url, transport=transport)

@@ -56,8 +56,13 @@ def run_rollout(
             response = client.post(
                 "/v1/chat/completions",
                 headers=headers,
-                json={"model": model, "messages": messages, "temperature": temperature,
-                      "max_tokens": max_tokens, "stop": ["\nRESULT", "RESULT:"]},
+                json={
+                    "model": model,
+                    "messages": messages,
+                    "temperature": temperature,
+                    "max_tokens": max_tokens,
+                    "stop": ["\nRESULT", "RESULT:"],
+                },
             )
             response.raise_for_status()
             body = response.json()

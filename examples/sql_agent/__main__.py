@@ -30,8 +30,14 @@ def main(argv: list[str] | None = None) -> None:
         import agentlake
 
         tracer = agentlake.init(args.otlp, agent_name="sql-agent", instrument_openai=False).get_tracer(__name__)
-    results = run_batch(args.base_url, heldout_tasks(args.tasks), model=args.model, concurrency=args.concurrency,
-                        temperature=args.temperature, tracer=tracer)
+    results = run_batch(
+        args.base_url,
+        heldout_tasks(args.tasks),
+        model=args.model,
+        concurrency=args.concurrency,
+        temperature=args.temperature,
+        tracer=tracer,
+    )
     errors = Counter((r.error or "ok").split(":")[0][:40] for r in results)
     print(f"held-out execution match: {statistics.fmean(r.reward for r in results):.3f} over {len(results)} tasks")
     print(f"retries used: {sum(r.calls > 1 for r in results)}; outcomes: {dict(errors)}")

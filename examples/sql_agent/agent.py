@@ -73,8 +73,13 @@ def run_rollout(
             response = client.post(
                 "/v1/chat/completions",
                 headers=headers,
-                json={"model": model, "messages": messages, "temperature": temperature,
-                      "max_tokens": max_tokens, "stop": [";", "\n\n"]},
+                json={
+                    "model": model,
+                    "messages": messages,
+                    "temperature": temperature,
+                    "max_tokens": max_tokens,
+                    "stop": [";", "\n\n"],
+                },
             )
             response.raise_for_status()
             body: dict[str, Any] = response.json()

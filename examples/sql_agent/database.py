@@ -18,8 +18,28 @@ CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT, category TEXT, price R
 CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, product_id INTEGER, quantity INTEGER, \
 order_date TEXT);"""
 
-FIRST_NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Jia", "Kofi", "Lea",
-               "Mateo", "Nora", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara"]
+FIRST_NAMES = [
+    "Ana",
+    "Ben",
+    "Chen",
+    "Dara",
+    "Eli",
+    "Fatima",
+    "Goran",
+    "Hana",
+    "Ivan",
+    "Jia",
+    "Kofi",
+    "Lea",
+    "Mateo",
+    "Nora",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sven",
+    "Tara",
+]
 CITIES = ["Lima", "Oslo", "Pune", "Quito", "Rome", "Seoul", "Tunis"]
 CATEGORIES = {
     "books": ["Atlas", "Cookbook", "Novel", "Dictionary", "Poetry"],
@@ -49,8 +69,13 @@ def _image(seed: int, customers: int, orders: int) -> bytes:
     conn.executemany(
         "INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
         [
-            (i + 1, rng.randint(1, len(names)), rng.randint(1, len(products)), rng.randint(1, 5),
-             (start + dt.timedelta(days=rng.randint(0, 365))).isoformat())
+            (
+                i + 1,
+                rng.randint(1, len(names)),
+                rng.randint(1, len(products)),
+                rng.randint(1, 5),
+                (start + dt.timedelta(days=rng.randint(0, 365))).isoformat(),
+            )
             for i in range(orders)
         ],
     )

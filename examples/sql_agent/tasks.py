@@ -51,8 +51,7 @@ def _count_city(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str,
 
 def _older_than(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     age = rng.randint(25, 70)
-    return (f"List the names of customers older than {age}.",
-            f"SELECT name FROM customers WHERE age > {age}", False)
+    return (f"List the names of customers older than {age}.", f"SELECT name FROM customers WHERE age > {age}", False)
 
 
 def _price_of(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
@@ -62,66 +61,105 @@ def _price_of(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, b
 
 def _in_category(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     category = rng.choice(_values(conn, "SELECT DISTINCT category FROM products ORDER BY category"))
-    return (f"List the names of all products in the {category} category.",
-            f"SELECT name FROM products WHERE category = {_q(category)}", False)
+    return (
+        f"List the names of all products in the {category} category.",
+        f"SELECT name FROM products WHERE category = {_q(category)}",
+        False,
+    )
 
 
 def _cheaper_than(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     price = rng.randint(8, 80)
-    return (f"Which products cost less than {price} dollars? Give their names.",
-            f"SELECT name FROM products WHERE price < {price}", False)
+    return (
+        f"Which products cost less than {price} dollars? Give their names.",
+        f"SELECT name FROM products WHERE price < {price}",
+        False,
+    )
 
 
 def _count_pricier(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     price = rng.randint(8, 80)
-    return (f"How many products cost more than {price} dollars?",
-            f"SELECT COUNT(*) FROM products WHERE price > {price}", False)
+    return (
+        f"How many products cost more than {price} dollars?",
+        f"SELECT COUNT(*) FROM products WHERE price > {price}",
+        False,
+    )
 
 
 def _live_in(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     city = rng.choice(_values(conn, "SELECT DISTINCT city FROM customers ORDER BY city"))
-    return (f"Which customers live in {city}? Give their names.",
-            f"SELECT name FROM customers WHERE city = {_q(city)}", False)
+    return (
+        f"Which customers live in {city}? Give their names.",
+        f"SELECT name FROM customers WHERE city = {_q(city)}",
+        False,
+    )
 
 
 def _average_price(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     category = rng.choice(_values(conn, "SELECT DISTINCT category FROM products ORDER BY category"))
-    return (f"What is the average price of products in the {category} category?",
-            f"SELECT AVG(price) FROM products WHERE category = {_q(category)}", False)
+    return (
+        f"What is the average price of products in the {category} category?",
+        f"SELECT AVG(price) FROM products WHERE category = {_q(category)}",
+        False,
+    )
 
 
 def _most_expensive(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     k = rng.randint(2, 5)
-    return (f"List the names of the {k} most expensive products, most expensive first.",
-            f"SELECT name FROM products ORDER BY price DESC LIMIT {k}", True)
+    return (
+        f"List the names of the {k} most expensive products, most expensive first.",
+        f"SELECT name FROM products ORDER BY price DESC LIMIT {k}",
+        True,
+    )
 
 
 def _cheapest_in(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
     k = rng.randint(2, 3)
     category = rng.choice(_values(conn, "SELECT DISTINCT category FROM products ORDER BY category"))
-    return (f"List the names of the {k} cheapest products in the {category} category, cheapest first.",
-            f"SELECT name FROM products WHERE category = {_q(category)} ORDER BY price LIMIT {k}", True)
+    return (
+        f"List the names of the {k} cheapest products in the {category} category, cheapest first.",
+        f"SELECT name FROM products WHERE category = {_q(category)} ORDER BY price LIMIT {k}",
+        True,
+    )
 
 
 def _orders_of(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
-    name = rng.choice(_values(conn, "SELECT DISTINCT c.name FROM customers c JOIN orders o ON o.customer_id = c.id "
-                                    "ORDER BY c.name"))
-    return (f"How many orders did {name} place?",
-            "SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = customers.id "
-            f"WHERE customers.name = {_q(name)}", False)
+    name = rng.choice(
+        _values(conn, "SELECT DISTINCT c.name FROM customers c JOIN orders o ON o.customer_id = c.id ORDER BY c.name")
+    )
+    return (
+        f"How many orders did {name} place?",
+        "SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = customers.id "
+        f"WHERE customers.name = {_q(name)}",
+        False,
+    )
 
 
 def _units_of(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, str, bool]:
-    name = rng.choice(_values(conn, "SELECT DISTINCT p.name FROM products p JOIN orders o ON o.product_id = p.id "
-                                    "ORDER BY p.name"))
-    return (f"How many units of {name} were ordered in total?",
-            "SELECT SUM(quantity) FROM orders JOIN products ON orders.product_id = products.id "
-            f"WHERE products.name = {_q(name)}", False)
+    name = rng.choice(
+        _values(conn, "SELECT DISTINCT p.name FROM products p JOIN orders o ON o.product_id = p.id ORDER BY p.name")
+    )
+    return (
+        f"How many units of {name} were ordered in total?",
+        "SELECT SUM(quantity) FROM orders JOIN products ON orders.product_id = products.id "
+        f"WHERE products.name = {_q(name)}",
+        False,
+    )
 
 
 TEMPLATES: tuple[Template, ...] = (
-    _count_city, _older_than, _price_of, _in_category, _cheaper_than, _count_pricier, _live_in, _average_price,
-    _most_expensive, _cheapest_in, _orders_of, _units_of,
+    _count_city,
+    _older_than,
+    _price_of,
+    _in_category,
+    _cheaper_than,
+    _count_pricier,
+    _live_in,
+    _average_price,
+    _most_expensive,
+    _cheapest_in,
+    _orders_of,
+    _units_of,
 )
 
 
@@ -145,8 +183,15 @@ def make_tasks(n: int, *, seed: int, split: Split = "train", prefix: str = "sql"
         if not execute(conn, gold).rows:  # every gold answer is non-empty
             continue
         seen.add(question)
-        tasks.append(SqlTask(task_id=f"{prefix}-{split}-{seed}-{len(tasks)}", question=question, gold_sql=gold,
-                             ordered=ordered, db_seed=db_seed))
+        tasks.append(
+            SqlTask(
+                task_id=f"{prefix}-{split}-{seed}-{len(tasks)}",
+                question=question,
+                gold_sql=gold,
+                ordered=ordered,
+                db_seed=db_seed,
+            )
+        )
     conn.close()
     if len(tasks) < n:
         raise ValueError(f"only {len(tasks)} distinct {split} questions exist for this database; ask for fewer")
@@ -176,8 +221,11 @@ WORKED_EXAMPLE: list[dict[str, str]] = [
     {"role": "user", "content": "What is the category of the Mug?"},
     {"role": "assistant", "content": "SQL: SELECT category FROM products WHERE name = 'Mug';"},
     {"role": "user", "content": "How many orders did customers from Lima place?"},
-    {"role": "assistant", "content": "SQL: SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = "
-                                     "customers.id WHERE customers.city = 'Lima';"},
+    {
+        "role": "assistant",
+        "content": "SQL: SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = "
+        "customers.id WHERE customers.city = 'Lima';",
+    },
     {"role": "user", "content": "List the names of the 2 oldest customers, oldest first."},
     {"role": "assistant", "content": "SQL: SELECT name FROM customers ORDER BY age DESC LIMIT 2;"},
 ]
