@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
+import pyarrow.compute as pc
 
 from pipelines.credit import RunningBaseline
 from pipelines.lake import Lake, in_list
@@ -69,9 +70,13 @@ def update_trajectories(
     *,
     idle_timeout_s: float,
     now: dt.datetime | None = None,
-    chunk_rollouts: int = 20_000,
+    chunk_rollouts: int = 10_000,
 ) -> StepResult:
-    """Re-assemble every rollout touched by new spans, new reward events or the idle watermark."""
+    """Re-assemble every rollout touched by new spans, new reward events or the idle watermark.
+
+    Rollouts are taken ``chunk_rollouts`` at a time, one commit each, so memory follows the chunk,
+    not the backlog; the watermarks go in with the last chunk.
+    """
     now = now or dt.datetime.now(dt.UTC)
     res = StepResult()
     spans_cond, span_txns = _offset_ranges(lake, "spans", kafka.spans_topic, "trajectories", "spans")
@@ -158,11 +163,13 @@ def update_trajectories(
         )
         res.rows += table.num_rows
         res.rollouts += len(chunk)
+        status = pc.value_counts(table.column("status")).to_pylist()
+        for count in status:
+            if count["values"] in ("finished", "running"):
+                res.extra[count["values"]] = res.extra.get(count["values"], 0) + count["counts"]
     if res.rows:
-        st = pl.from_arrow(table.select(["status", "final_reward"]))
-        assert isinstance(st, pl.DataFrame)
-        res.extra["finished"] = int((st["status"] == "finished").sum())
-        res.extra["running"] = int((st["status"] == "running").sum())
+        res.extra.setdefault("finished", 0)
+        res.extra.setdefault("running", 0)
     return res
 
 
@@ -178,8 +185,14 @@ def update_transitions(
     *,
     retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
     now: dt.datetime | None = None,
+    chunk_rollouts: int = 10_000,
 ) -> StepResult:
-    """Recompute the transitions of every group (task) with a changed trajectory."""
+    """Recompute the transitions of every group (task) with a changed trajectory.
+
+    Groups are taken in chunks of about ``chunk_rollouts`` changed trajectories, one commit each,
+    so memory follows the chunk, not the backlog; the watermark goes in with the last chunk, and a
+    crash in between redoes the same replacements. The running baseline carries from chunk to chunk.
+    """
     now = now or dt.datetime.now(dt.UTC)
     res = StepResult()
     traj = lake.scan("trajectories")
@@ -195,32 +208,59 @@ def update_transitions(
     if keys.is_empty():
         return res
     new_mark = int(keys["updated_at"].max())  # type: ignore[arg-type]
-    groups = keys["group_id"].unique().sort().to_list()
-    rows = traj.filter(pl.coalesce("task_id", "rollout_id").is_in(groups)).collect()
+    sizes = keys.group_by("group_id").len().sort("group_id")
+    chunks = _group_chunks(sizes["group_id"].to_list(), sizes["len"].to_list(), chunk_rollouts)
     baseline = None
     if credit.advantage == "running_baseline":
         dt_ = lake.table("transitions")
         meta = (dt_.history(1)[0] if dt_ is not None else {}) or {}
         baseline = RunningBaseline.from_json(meta.get(BASELINE_KEY))
-    out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline)
-    metadata = {BASELINE_KEY: out.baseline.to_json()} if out.baseline is not None else None
-    res.version = lake.write(
-        "transitions",
-        out.table,
-        txns={TRAJ_FROM_TRANSITIONS: new_mark},
-        mode="overwrite",
-        predicate=in_list("group_id", groups),
-        metadata=metadata,
-    )
-    res.rows = out.table.num_rows
-    res.rollouts = out.rollouts
+    dropped: dict[str, int] = {}
+    mismatches = 0
+    reward_sum, rewarded = 0.0, 0
+    for i, groups in enumerate(chunks):
+        rows = traj.filter(pl.coalesce("task_id", "rollout_id").is_in(groups)).collect()
+        out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline)
+        baseline = out.baseline
+        metadata = {BASELINE_KEY: out.baseline.to_json()} if out.baseline is not None else None
+        res.version = lake.write(
+            "transitions",
+            out.table,
+            txns={TRAJ_FROM_TRANSITIONS: new_mark} if i == len(chunks) - 1 else None,
+            mode="overwrite",
+            predicate=in_list("group_id", groups),
+            metadata=metadata,
+        )
+        res.rows += out.table.num_rows
+        res.rollouts += out.rollouts
+        mismatches += out.merge_mismatches
+        for reason, n in out.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+        reward = out.table.column("reward")
+        reward_sum += float(pc.sum(reward).as_py() or 0.0)
+        rewarded += len(reward) - reward.null_count
     res.extra = {
-        "groups": len(groups),
-        "merge_mismatches": out.merge_mismatches,
-        **{f"dropped_{k}": v for k, v in sorted(out.dropped.items())},
+        "groups": int(sizes.height),
+        "commits": len(chunks),
+        "merge_mismatches": mismatches,
+        **{f"dropped_{k}": v for k, v in sorted(dropped.items())},
     }
-    if out.table.num_rows:
-        r = pl.from_arrow(out.table.select(["reward"]))
-        assert isinstance(r, pl.DataFrame)
-        res.extra["reward_mean"] = float(r["reward"].mean())  # type: ignore[arg-type]
+    if rewarded:
+        res.extra["reward_mean"] = reward_sum / rewarded
     return res
+
+
+def _group_chunks(groups: list[str], sizes: list[int], limit: int) -> list[list[str]]:
+    """Consecutive groups in chunks of at most ``limit`` rows (a bigger group is a chunk of its own)."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    total = 0
+    for group, size in zip(groups, sizes, strict=True):
+        if current and total + size > limit:
+            chunks.append(current)
+            current, total = [], 0
+        current.append(group)
+        total += size
+    if current:
+        chunks.append(current)
+    return chunks
