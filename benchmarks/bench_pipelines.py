@@ -7,6 +7,10 @@ transitions there, and the table shows the median of the rounds (min and max bel
 the machine is shared and single runs swing.
 
     .venv/bin/python benchmarks/bench_pipelines.py --rollouts 10000 --runs 5
+
+Then the topic grows to ``--grow`` times as many rollouts and one more round runs on all of
+them: ingestion and the gold steps work in bounded batches and chunks, so their peak memory
+stays put while the tables grow.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,8 +39,15 @@ from pipelines.steps import update_trajectories, update_transitions  # noqa: E40
 from schemas.config import CreditSettings, KafkaSettings  # noqa: E402
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
+    start = _rss_mb()  # what the fork inherited: the work's own memory is the peak above this
     out = fn()
+    out["start_rss_mb"] = start
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # ingest's decoder processes are the child's own children: their largest peak, reported apart
     out["children_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -53,16 +65,18 @@ def in_child(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def produce_rollouts(kafka: KafkaSettings, n: int, calls: int, prompt_len: int, response_len: int) -> int:
+def produce_rollouts(
+    kafka: KafkaSettings, n: int, calls: int, prompt_len: int, response_len: int, *, first: int = 0
+) -> int:
     """Spans through the real OTel SDK, encoded as the collector does, produced with kafka-python."""
     from kafka import KafkaProducer
 
     from tests.pipelines.otel import Call, Rollout, make_spans, span_record
 
-    rng = random.Random(0)
+    rng = random.Random(first)
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=20, batch_size=1 << 20)
     n_spans = 0
-    for i in range(n):
+    for i in range(first, first + n):
         cs = []
         prompt = [rng.randrange(49152) for _ in range(prompt_len)]
         for _ in range(calls):
@@ -88,6 +102,12 @@ def main() -> None:
     ap.add_argument("--batch-records", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3, help="rounds of ingest + transitions; medians are shown")
     ap.add_argument("--workers", type=int, default=None, help="decoder processes (default: ingest's own)")
+    ap.add_argument(
+        "--grow",
+        type=int,
+        default=4,
+        help="then grow the topic to this many times --rollouts and run once more: memory must not follow (1: skip)",
+    )
     args = ap.parse_args()
 
     from agentlake.stack.broker import LocalBroker, ensure_topics
@@ -104,6 +124,7 @@ def main() -> None:
     ensure_topics(kafka, bootstrap, [kafka.spans_topic, kafka.rewards_topic])
     root = tempfile.mkdtemp(prefix="agentlake-bench-")
     rounds: list[dict[str, Any]] = []
+    grown: dict[str, Any] | None = None
     try:
         t0 = time.perf_counter()
         n_spans = produce_rollouts(kafka, args.rollouts, args.calls, args.prompt_len, args.response_len)
@@ -116,7 +137,12 @@ def main() -> None:
                 flush=True,
             )
             rounds.append(r)
+        if args.grow > 1:
+            more = (args.grow - 1) * args.rollouts
+            produce_rollouts(kafka, more, args.calls, args.prompt_len, args.response_len, first=args.rollouts)
+            grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
     finally:
+        shutil.rmtree(root, ignore_errors=True)
         if broker is not None:
             broker.stop()
 
@@ -152,6 +178,15 @@ def main() -> None:
         f"gold: {last['rollouts']} rollouts -> {last['transitions']} transitions; trajectories "
         f"{med('traj_s'):.2f}s, transitions {med('trans_s'):.2f}s (medians)"
     )
+    if grown is not None:
+        print()
+        print("memory against table size (peak RSS MB, and how far it rose above the process's start)")
+        print(f"{'rollouts in the topic':<24}{'ingest':>16}{'gold':>16}{'spans/s':>12}{'rollouts/s':>12}")
+        for label, r in ((f"{last['rollouts']:,}", last), (f"{grown['rollouts']:,}", grown)):
+            print(
+                f"{label:<24}{r['ingest_rss_mb']:>9.0f} (+{r['ingest_work_mb']:.0f}){r['gold_rss_mb']:>9.0f} "
+                f"(+{r['gold_work_mb']:.0f}){r['spans_s']:>12,.0f}{r['roll_s']:>12,.0f}"
+            )
 
 
 def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -206,6 +241,8 @@ def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Nam
         # the ceiling for the gold step: the rollouts' transitions rows written straight to Parquet
         "roll_ceil": gold["rollouts"] / gold_ceil["seconds"],
         "gold_rss_mb": gold["peak_rss_mb"],
+        "ingest_work_mb": ing["peak_rss_mb"] - ing["start_rss_mb"],
+        "gold_work_mb": gold["peak_rss_mb"] - gold["start_rss_mb"],
     }
 
 
