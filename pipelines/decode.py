@@ -1,10 +1,11 @@
 """Kafka records to rows: OTLP span requests to `spans` rows, reward JSON to `rewards` rows.
 
-Decoding is the hot path of ingestion. Each record is parsed once by upb; a span becomes one row
+Decoding is the hot path of ingestion. Each record is parsed once by upb, through the lite view of
+`otlp_lite` that leaves token ids and logprobs as the bytes they arrived in; a span becomes one row
 tuple (no per-span dict of columns), resource attributes are resolved and JSON-encoded once per
-resource, and token ids and logprobs stay in wire form until the batch decodes all of them in one
-numpy pass. The batch is turned into Arrow once, column by column. Nothing here talks to Kafka or Delta: a record is
-its bytes plus where it came from, so the same code serves ingestion, replay and tests.
+resource, and the batch decodes all token arrays in one numpy pass. The batch is turned into Arrow
+once, column by column. Nothing here talks to Kafka or Delta: a record is its bytes plus where it
+came from, so the same code serves ingestion, replay and tests.
 """
 
 from __future__ import annotations
