@@ -115,24 +115,14 @@ nightly_maintenance = ScheduleDefinition(
 def new_transitions(settings: Settings) -> tuple[int, int | None]:
     """(rows added to `transitions` since the last trained version, newest table version)."""
     from trainer.config import config_from_settings
-    from trainer.data import read_transitions
     from trainer.registry import Registry
-    from trainer.run import pending_transitions
+    from trainer.run import pending_transitions, read_pending
 
     cfg = config_from_settings(settings)
     start, end = pending_transitions(cfg, Registry(cfg.lake_root, cfg.storage_options))
     if end is None or end <= start:
         return 0, end
-    data = read_transitions(
-        cfg.lake_root,
-        table=cfg.table,
-        version_start=start,
-        version_end=end,
-        agent=cfg.agent,
-        policy_versions=cfg.policy_versions,
-        storage_options=cfg.storage_options,
-    )
-    return data.rows.num_rows, end
+    return read_pending(cfg, start, end).rows.num_rows, end
 
 
 @sensor(

@@ -16,7 +16,9 @@ Where the behaviour logprob is unknown (NaN) the ratio is 1: that token is train
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -60,19 +62,31 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1.0
 
 
+class ClipOptions(TypedDict, total=False):
+    """The keyword options both clipped losses take; their defaults live in ``_clipped`` alone."""
+
+    clip_eps: float  # default 0.2
+    clip_eps_high: float | None  # default None: the same as clip_eps
+    ref_logprobs: torch.Tensor | None  # default None: no KL term
+    kl_coef: float  # default 0.0
+
+
+Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (per-token values, mask) -> scalar
+
+
 def _clipped(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    agg: Aggregate,
     *,
-    clip_eps: float,
-    clip_eps_high: float | None,
-    ref_logprobs: torch.Tensor | None,
-    kl_coef: float,
-    seq_index: torch.Tensor | None,
-    n_seqs: int | None,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> LossOutput:
+    """The clipped objective both losses share; ``agg`` is how they differ (per token or per sequence)."""
     old = torch.where(torch.isnan(old_logprobs), logprobs.detach(), old_logprobs)
     ratio = torch.exp(logprobs - old)  # (B, T)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
@@ -86,16 +100,11 @@ def _clipped(
         if kl_coef:
             per_token = per_token + kl_coef * kl
 
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        if seq_index is None:
-            return masked_mean(x, mask)
-        return sequence_mean(x, mask, seq_index, n_seqs or int(seq_index.max()) + 1)
-
-    loss = agg(per_token)
+    loss = agg(per_token, mask)
     with torch.no_grad():
         metrics = {
             "loss": loss.detach(),
-            "pg_loss": agg(pg_per_token).detach(),
+            "pg_loss": agg(pg_per_token, mask).detach(),
             "kl": masked_mean(kl, mask),
             "clip_frac": masked_mean((clipped < unclipped).float(), mask),  # tokens whose gradient was cut
             "ratio": masked_mean(ratio, mask),
@@ -109,25 +118,10 @@ def ppo_clip_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    *,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
+    **clip: Unpack[ClipOptions],
 ) -> LossOutput:
     """PPO-clip averaged over every trained token of the batch."""
-    return _clipped(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip_eps=clip_eps,
-        clip_eps_high=clip_eps_high,
-        ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        seq_index=None,
-        n_seqs=None,
-    )
+    return _clipped(logprobs, old_logprobs, advantages, mask, masked_mean, **clip)
 
 
 def grpo_loss(
@@ -137,25 +131,14 @@ def grpo_loss(
     mask: torch.Tensor,
     seq_index: torch.Tensor,
     n_seqs: int,
-    *,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
+    **clip: Unpack[ClipOptions],
 ) -> LossOutput:
     """GRPO: the clipped objective averaged within each sequence, then across sequences."""
-    return _clipped(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip_eps=clip_eps,
-        clip_eps_high=clip_eps_high,
-        ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        seq_index=seq_index,
-        n_seqs=n_seqs,
-    )
+
+    def per_sequence(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return sequence_mean(x, m, seq_index, n_seqs or int(seq_index.max()) + 1)
+
+    return _clipped(logprobs, old_logprobs, advantages, mask, per_sequence, **clip)
 
 
 def reinforce_loss(

@@ -14,7 +14,7 @@ from typing import Any
 from schemas.config import Settings
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
-from trainer.data import latest_version, read_transitions, table_uri
+from trainer.data import TransitionData, latest_version, read_transitions, table_uri
 from trainer.errors import TrainerError
 from trainer.registry import Registry
 
@@ -51,6 +51,19 @@ def pending_transitions(cfg: TrainConfig, registry: Registry) -> tuple[int, int 
     return start, end
 
 
+def read_pending(cfg: TrainConfig, start: int, end: int) -> TransitionData:
+    """The config's rows in Delta versions ``(start, end]``: one reader, so the sensor counts what a round trains on."""
+    return read_transitions(
+        cfg.lake_root,
+        table=cfg.table,
+        version_start=start,
+        version_end=end,
+        agent=cfg.agent,
+        policy_versions=cfg.policy_versions,
+        storage_options=cfg.storage_options,
+    )
+
+
 def train_once(
     settings: Settings | None = None, *, cfg: TrainConfig | None = None, force: bool = False, **overrides: Any
 ) -> RoundResult:
@@ -70,15 +83,7 @@ def train_once(
     if end <= start:
         return RoundResult(None, reason=f"no new {cfg.table} versions since {start}", version_start=start)
 
-    data = read_transitions(
-        cfg.lake_root,
-        table=cfg.table,
-        version_start=start,
-        version_end=end,
-        agent=cfg.agent,
-        policy_versions=cfg.policy_versions,
-        storage_options=cfg.storage_options,
-    )
+    data = read_pending(cfg, start, end)
     n = data.rows.num_rows
     if n < cfg.min_new_transitions and not force:
         return RoundResult(
