@@ -9,10 +9,11 @@ its span as a child of ours.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import trace
@@ -123,6 +124,12 @@ def _start(kwargs: dict[str, Any], chat: bool) -> trace.Span:
     return span
 
 
+def _mark_failed(span: trace.Span, error: BaseException) -> None:
+    """Record the error on the span and mark it failed, so a broken call is visible in the trace."""
+    span.record_exception(error)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, str(error)[:200]))
+
+
 class _StreamRecorder:
     """Collects token ids and logprobs from streamed chunks; ends the span at the end of the stream."""
 
@@ -159,9 +166,23 @@ class _StreamRecorder:
         _finish(self.span, self.meta, self.chat, True, self.started)
         self.span.set_attribute(A.LLM_STREAMED, True)
         if error is not None:
-            self.span.record_exception(error)
-            self.span.set_status(trace.Status(trace.StatusCode.ERROR, str(error)[:200]))
+            _mark_failed(self.span, error)
         self.span.end()
+
+    @contextlib.contextmanager
+    def reading(self, stop: type[Exception]) -> Iterator[None]:
+        """Guard one read of the stream: ``stop`` ends the span, any other failure ends it with the error.
+
+        Sync and async streams share this; the exception still reaches the caller.
+        """
+        try:
+            yield
+        except stop:
+            self.end()
+            raise
+        except Exception as exc:
+            self.end(exc)
+            raise
 
 
 class _SyncStream:
@@ -172,14 +193,8 @@ class _SyncStream:
         return self
 
     def __next__(self) -> Any:
-        try:
+        with self._rec.reading(StopIteration):
             chunk = next(self._inner)
-        except StopIteration:
-            self._rec.end()
-            raise
-        except Exception as exc:
-            self._rec.end(exc)
-            raise
         self._rec.add(chunk)
         return chunk
 
@@ -205,14 +220,8 @@ class _AsyncStream:
         return self
 
     async def __anext__(self) -> Any:
-        try:
+        with self._rec.reading(StopAsyncIteration):
             chunk = await self._inner.__anext__()
-        except StopAsyncIteration:
-            self._rec.end()
-            raise
-        except Exception as exc:
-            self._rec.end(exc)
-            raise
         self._rec.add(chunk)
         return chunk
 
@@ -230,52 +239,61 @@ class _AsyncStream:
         return getattr(self._inner, name)
 
 
-def _wrap_sync(original: Callable[..., Any], chat: bool) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _, asked_lp = _prepare(kwargs, self._client, chat)
-        span = _start(kwargs, chat)
-        started = time.perf_counter()
+class _Call:
+    """One instrumented ``create`` call: the span and what ending it needs, shared by sync and async wrappers."""
+
+    def __init__(self, client: Any, kwargs: dict[str, Any], chat: bool) -> None:
+        _, self.asked_lp = _prepare(kwargs, client, chat)
+        self.span = _start(kwargs, chat)
+        self.started = time.perf_counter()
+        self.chat = chat
+        self.stream = bool(kwargs.get("stream"))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Make the span current while the client runs; a failure marks the span failed and ends it."""
         try:
-            with trace.use_span(span, end_on_exit=False):
-                result = original(self, *args, **kwargs)
+            with trace.use_span(self.span, end_on_exit=False):
+                yield
         except Exception as exc:
-            span.record_exception(exc)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
-            span.end()
+            _mark_failed(self.span, exc)
+            self.span.end()
             raise
-        if kwargs.get("stream"):
-            return _SyncStream(result, _StreamRecorder(span, chat, started))
-        _finish(span, result, chat, asked_lp, started)
-        span.end()
+
+    def done(self, result: Any, stream_cls: type[_SyncStream] | type[_AsyncStream]) -> Any:
+        """End the span on the response, or hand a stream back wrapped so its end ends the span."""
+        if self.stream:
+            return stream_cls(result, _StreamRecorder(self.span, self.chat, self.started))
+        _finish(self.span, result, self.chat, self.asked_lp, self.started)
+        self.span.end()
         return result
 
+
+def _patched(create: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """Dress ``create`` as ``original`` and remember it, so patching is idempotent and can be undone."""
+    functools.update_wrapper(create, original)
     setattr(create, _PATCHED, original)
     return create
+
+
+def _wrap_sync(original: Callable[..., Any], chat: bool) -> Callable[..., Any]:
+    def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        call = _Call(self._client, kwargs, chat)
+        with call.running():
+            result = original(self, *args, **kwargs)
+        return call.done(result, _SyncStream)
+
+    return _patched(create, original)
 
 
 def _wrap_async(original: Callable[..., Any], chat: bool) -> Callable[..., Any]:
-    @functools.wraps(original)
     async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _, asked_lp = _prepare(kwargs, self._client, chat)
-        span = _start(kwargs, chat)
-        started = time.perf_counter()
-        try:
-            with trace.use_span(span, end_on_exit=False):
-                result = await original(self, *args, **kwargs)
-        except Exception as exc:
-            span.record_exception(exc)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
-            span.end()
-            raise
-        if kwargs.get("stream"):
-            return _AsyncStream(result, _StreamRecorder(span, chat, started))
-        _finish(span, result, chat, asked_lp, started)
-        span.end()
-        return result
+        call = _Call(self._client, kwargs, chat)
+        with call.running():
+            result = await original(self, *args, **kwargs)
+        return call.done(result, _AsyncStream)
 
-    setattr(create, _PATCHED, original)
-    return create
+    return _patched(create, original)
 
 
 def instrument_openai() -> bool:
