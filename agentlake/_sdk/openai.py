@@ -52,8 +52,8 @@ def _logprobs(choice: Any, chat: bool) -> list[float] | None:
     return [float(x) for x in values] if values else None
 
 
-def _prepare(kwargs: dict[str, Any], client: Any, chat: bool) -> tuple[bool, bool]:
-    """Ask for ids and logprobs (vLLM only); return what the caller asked for itself."""
+def _prepare(kwargs: dict[str, Any], client: Any, chat: bool, span: trace.Span) -> tuple[bool, bool]:
+    """Ask for ids and logprobs (vLLM only) and send ``span`` as the parent; return what the caller asked for."""
     extra = dict(kwargs.get("extra_body") or {})
     asked_ids = extra.get("return_token_ids") is True
     asked_lp = bool(kwargs.get("logprobs")) if chat else kwargs.get("logprobs") is not None
@@ -63,7 +63,7 @@ def _prepare(kwargs: dict[str, Any], client: Any, chat: bool) -> tuple[bool, boo
         if not asked_lp:
             kwargs["logprobs"] = True if chat else 0
     headers = dict(kwargs.get("extra_headers") or {})
-    inject(headers)
+    inject(headers, context=trace.set_span_in_context(span))  # a gateway's span becomes a child of this call's
     kwargs["extra_headers"] = headers
     return asked_ids, asked_lp
 
@@ -243,8 +243,8 @@ class _Call:
     """One instrumented ``create`` call: the span and what ending it needs, shared by sync and async wrappers."""
 
     def __init__(self, client: Any, kwargs: dict[str, Any], chat: bool) -> None:
-        _, self.asked_lp = _prepare(kwargs, client, chat)
         self.span = _start(kwargs, chat)
+        _, self.asked_lp = _prepare(kwargs, client, chat, self.span)
         self.started = time.perf_counter()
         self.chat = chat
         self.stream = bool(kwargs.get("stream"))
@@ -253,7 +253,8 @@ class _Call:
     def running(self) -> Iterator[None]:
         """Make the span current while the client runs; a failure marks the span failed and ends it."""
         try:
-            with trace.use_span(self.span, end_on_exit=False):
+            # the error is recorded once, below, not by use_span as well
+            with trace.use_span(self.span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 yield
         except Exception as exc:
             _mark_failed(self.span, exc)

@@ -171,9 +171,11 @@ def test_openai_client_asks_vllm_for_ids_and_records_them(spans: InMemorySpanExp
     assert out.choices[0].message.content == "ab" and out.choices[0].logprobs is None  # caller did not ask
     assert text == "ab"
     assert _vllm_like.seen["return_token_ids"] is True and _vllm_like.seen["logprobs"] is True  # type: ignore
-    assert _vllm_like.headers["traceparent"].startswith("00-")  # type: ignore[attr-defined]
     calls = [s for s in spans.get_finished_spans() if s.name == A.LLM_CALL_SPAN_NAME]
     assert len(calls) == 2
+    # the last request's traceparent names the last call's span: a gateway's span becomes its child
+    _, trace_hex, span_hex, _ = _vllm_like.headers["traceparent"].split("-")  # type: ignore[attr-defined]
+    assert (int(trace_hex, 16), int(span_hex, 16)) == (calls[-1].context.trace_id, calls[-1].context.span_id)
     for s in calls:
         assert list(s.attributes[A.LLM_PROMPT_TOKEN_IDS]) == [5, 6, 7]
         assert list(s.attributes[A.LLM_COMPLETION_TOKEN_IDS]) == [8, 9]
@@ -183,6 +185,20 @@ def test_openai_client_asks_vllm_for_ids_and_records_them(spans: InMemorySpanExp
 
 
 @pytest.mark.kafka
+def test_failed_openai_call_is_one_error_on_its_span(spans: InMemorySpanExporter) -> None:
+    client = openai.OpenAI(
+        base_url="http://vllm.local/v1",
+        api_key="x",
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(500, json={"error": "boom"}))),
+    )
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model="policy-v3", messages=[{"role": "user", "content": "hi"}])
+    (call,) = [s for s in spans.get_finished_spans() if s.name == A.LLM_CALL_SPAN_NAME]
+    assert call.status.status_code.name == "ERROR"
+    assert [e.name for e in call.events] == ["exception"]  # recorded once
+
+
 def test_end_to_end_into_kafka(settings: Settings) -> None:
     """init -> OTLP/HTTP -> collector -> Kafka, and a late reward through /v1/rewards."""
     with running_collector(settings) as server:
