@@ -8,4 +8,5 @@ otlp_http    POST /v1/traces, POST /v1/rewards, GET /health (Starlette)
 otlp_grpc    TraceService/Export (grpc.aio)
 server       both receivers in one process; `python -m collectors`
 gateway      the OpenAI-compatible proxy in front of vLLM; `python -m collectors.gateway`
+runner       the signal/exit-code shell both entry points run in
 """
