@@ -17,7 +17,7 @@ joins the same trace.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -30,22 +30,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 import agentlake
-from examples.math_agent.calculator import CalcError, evaluate, format_number, is_correct, parse_reply
+from examples import common
+from examples.common import ROLLOUT_HEADER
+from examples.math_agent.calculator import is_correct, parse_reply, respond
 from examples.math_agent.tasks import SYSTEM_PROMPT, WORKED_EXAMPLE, MathTask, make_tasks
 
 AGENT_NAME = "framework-agent"
-ROLLOUT_HEADER = "x-agentlake-rollout-id"
-NUDGE = "Use CALC: <expression> or give ANSWER: <number>."
 
 
-@dataclass
-class RolloutResult:
-    task_id: str
-    rollout_id: str
-    reward: float
-    answer: str | None
-    calls: int
-    transcript: list[Any] = field(default_factory=list)
+@dataclass(kw_only=True)
+class RolloutResult(common.RolloutResult):
+    answer: str | None = None
 
 
 def setup(endpoint: str | None = None, *, exporter: SpanExporter | None = None) -> TracerProvider:
@@ -100,7 +95,7 @@ async def run_rollout(agent: Agent, task: MathTask, *, max_turns: int = 4) -> Ro
     """One task inside ``agentlake.rollout``; the reward is 1 for the exact final answer, else 0."""
     with agentlake.rollout(task_id=task.task_id, agent_name=AGENT_NAME) as r:
         assert r.rollout_id is not None
-        result = RolloutResult(task_id=task.task_id, rollout_id=r.rollout_id, reward=0.0, answer=None, calls=0)
+        result = RolloutResult(task_id=task.task_id, rollout_id=r.rollout_id)
         settings = agent.model_settings.resolve(ModelSettings(extra_headers={ROLLOUT_HEADER: r.rollout_id}))
         turn_agent = agent.clone(model_settings=settings)
         history: list[Any] = [*WORKED_EXAMPLE, {"role": "user", "content": task.question}]
@@ -113,14 +108,7 @@ async def run_rollout(agent: Agent, task: MathTask, *, max_turns: int = 4) -> Ro
                 if reply.answer is not None:
                     result.answer = reply.answer
                     break
-                if reply.calc is None:
-                    history.append({"role": "user", "content": NUDGE})
-                    continue
-                try:
-                    observation = f"RESULT: {format_number(evaluate(reply.calc))}"
-                except CalcError as exc:
-                    observation = f"RESULT: error ({exc})"
-                history.append({"role": "user", "content": observation})
+                history.append({"role": "user", "content": respond(reply)})
         result.reward = 1.0 if is_correct(result.answer, task.answer) else 0.0
         r.emit_reward(result.reward)
         result.transcript = history

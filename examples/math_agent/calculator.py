@@ -84,6 +84,19 @@ def parse_reply(text: str) -> Reply:
     return Reply()
 
 
+NUDGE = "Use CALC: <expression> or give ANSWER: <number>."
+
+
+def respond(reply: Reply) -> str:
+    """The user turn after a reply with no final answer: the calculator's ``RESULT:``, or a nudge to the protocol."""
+    if reply.calc is None:
+        return NUDGE
+    try:
+        return f"RESULT: {format_number(evaluate(reply.calc))}"
+    except CalcError as exc:
+        return f"RESULT: error ({exc})"
+
+
 def is_correct(answer: str | None, gold: int) -> bool:
     if answer is None:
         return False

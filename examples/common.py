@@ -1,0 +1,109 @@
+"""The rollout plumbing the example agents share, so each agent file holds only its task logic.
+
+An agent's trace must carry the rollout, task and agent ids and end with a reward (see
+``examples/README.md``); the math and SQL agents emit those spans themselves and talk raw HTTP
+to the gateway, so the span shapes and the headers live here, once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from opentelemetry import propagate, trace
+
+from schemas import attributes as attr
+
+ROLLOUT_HEADER = "x-agentlake-rollout-id"
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(kw_only=True)
+class RolloutResult:
+    """What every example agent reports about one rollout; each agent subclasses it with its own outcome."""
+
+    task_id: str
+    rollout_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    reward: float = 0.0
+    calls: int = 0
+    transcript: list[Any] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class ChatRolloutResult(RolloutResult):
+    """A rollout driven by ``chat_turn``: ``transcript`` is the chat so far, ``models`` served each call."""
+
+    models: list[str] = field(default_factory=list)
+    transcript: list[dict[str, str]] = field(default_factory=list)
+
+
+def chat_turn(
+    client: httpx.Client,
+    result: ChatRolloutResult,
+    *,
+    model: str,
+    temperature: float,
+    max_tokens: int,
+    stop: list[str],
+) -> str:
+    """Send ``result.transcript`` to the gateway and append the assistant's reply; returns its text.
+
+    The rollout header and ``traceparent`` let the gateway file its LLM span under this rollout's
+    trace; ``result`` counts the call and the model that served it.
+    """
+    headers = {ROLLOUT_HEADER: result.rollout_id}
+    propagate.inject(headers)
+    response = client.post(
+        "/v1/chat/completions",
+        headers=headers,
+        json={
+            "model": model,
+            "messages": result.transcript,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "stop": stop,
+        },
+    )
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    text = body["choices"][0]["message"]["content"] or ""
+    result.calls += 1
+    result.models.append(body.get("model", model))
+    result.transcript.append({"role": "assistant", "content": text})
+    return text
+
+
+@contextmanager
+def rollout_span(tracer: trace.Tracer, result: RolloutResult, agent_name: str) -> Iterator[None]:
+    """The ``agentlake.rollout`` root span around one rollout, ended by a reward span of ``result.reward``.
+
+    The reward is read when the block ends, so set it inside. If the block raises, the root span
+    records the error and ends with neither a reward nor a ``finished`` status.
+    """
+    ids = {attr.ROLLOUT_ID: result.rollout_id, attr.TASK_ID: result.task_id, attr.AGENT_NAME: agent_name}
+    with tracer.start_as_current_span(attr.ROLLOUT_SPAN_NAME, attributes=ids) as root:
+        yield
+        reward = {attr.REWARD_VALUE: result.reward, attr.REWARD_NAME: attr.PRIMARY_REWARD_NAME}
+        with tracer.start_as_current_span(attr.REWARD_SPAN_NAME, attributes={**ids, **reward}):
+            pass
+        root.set_attribute(attr.ROLLOUT_STATUS, "finished")
+
+
+def run_rollouts(
+    run_rollout: Callable[..., R],
+    base_url: str,
+    tasks: Sequence[T],
+    *,
+    model: str,
+    concurrency: int,
+    **kwargs: Any,
+) -> list[R]:
+    """``run_rollout(client, task, model=model, **kwargs)`` for each task, ``concurrency`` at a time, in order."""
+    with httpx.Client(base_url=base_url, timeout=120) as client, ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda t: run_rollout(client, t, model=model, **kwargs), tasks))
