@@ -9,7 +9,7 @@ the same replacement: idempotent, never duplicated.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,9 +212,7 @@ def update_transitions(
     chunks = _group_chunks(sizes["group_id"].to_list(), sizes["len"].to_list(), chunk_rollouts)
     baseline = None
     if credit.advantage == "running_baseline":
-        dt_ = lake.table("transitions")
-        meta = (dt_.history(1)[0] if dt_ is not None else {}) or {}
-        baseline = RunningBaseline.from_json(meta.get(BASELINE_KEY))
+        baseline = RunningBaseline.from_json(_saved_baseline(lake))
     dropped: dict[str, int] = {}
     mismatches = 0
     reward_sum, rewarded = 0.0, 0
@@ -222,14 +220,16 @@ def update_transitions(
         rows = traj.filter(pl.coalesce("task_id", "rollout_id").is_in(groups)).collect()
         out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline)
         baseline = out.baseline
-        metadata = {BASELINE_KEY: out.baseline.to_json()} if out.baseline is not None else None
+        last = i == len(chunks) - 1
+        # The baseline goes in with the watermark: a rerun after a crash between chunks starts again
+        # from the baseline the watermark belongs to, and counts no rollout twice.
         res.version = lake.write(
             "transitions",
             out.table,
-            txns={TRAJ_FROM_TRANSITIONS: new_mark} if i == len(chunks) - 1 else None,
+            txns={TRAJ_FROM_TRANSITIONS: new_mark} if last else None,
             mode="overwrite",
             predicate=in_list("group_id", groups),
-            metadata=metadata,
+            metadata={BASELINE_KEY: baseline.to_json()} if last and baseline is not None else None,
         )
         res.rows += out.table.num_rows
         res.rollouts += out.rollouts
@@ -248,6 +248,25 @@ def update_transitions(
     if rewarded:
         res.extra["reward_mean"] = reward_sum / rewarded
     return res
+
+
+def _saved_baseline(lake: Lake) -> str | None:
+    """The running baseline of the newest `transitions` commit that carries one.
+
+    Not simply the newest commit's: chunk commits before the last one and compaction commits carry
+    none, and reading those as "no baseline" would start it over.
+    """
+    table = lake.table("transitions")
+    if table is None:
+        return None
+
+    def newest_first() -> Iterator[dict[str, Any]]:
+        recent = table.history(64)  # almost always holds it; the whole log is read only when not
+        yield from recent
+        if len(recent) == 64:
+            yield from table.history()[64:]
+
+    return next((c[BASELINE_KEY] for c in newest_first() if BASELINE_KEY in (c or {})), None)
 
 
 def _group_chunks(groups: list[str], sizes: list[int], limit: int) -> list[list[str]]:

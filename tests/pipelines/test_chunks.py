@@ -9,7 +9,13 @@ import polars as pl
 
 from pipelines.decode import KafkaRecord, decode_spans
 from pipelines.lake import Lake
-from pipelines.steps import _group_chunks, update_trajectories, update_transitions
+from pipelines.steps import (
+    BASELINE_KEY,
+    _group_chunks,
+    _saved_baseline,
+    update_trajectories,
+    update_transitions,
+)
 from schemas.config import CreditSettings, KafkaSettings
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
 
@@ -30,13 +36,13 @@ def records() -> list[KafkaRecord]:
 Built = tuple[pl.DataFrame, pl.DataFrame, dict[str, object], int]
 
 
-def build(root: Path, recs: list[KafkaRecord], chunk: int | None) -> Built:
+def build(root: Path, recs: list[KafkaRecord], chunk: int | None, credit: CreditSettings | None = None) -> Built:
     lake = Lake(str(root))
     lake.write("spans", decode_spans(recs)[0], txns={"kafka:s:0": len(recs) - 1})
     now = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     kw = {} if chunk is None else {"chunk_rollouts": chunk}
     traj = update_trajectories(lake, KAFKA, idle_timeout_s=1e9, now=now, **kw)
-    trans = update_transitions(lake, CreditSettings(), now=now, **kw)
+    trans = update_transitions(lake, credit or CreditSettings(), now=now, **kw)
     ignore = ["updated_at"]
     t = pl.read_delta(lake.uri("trajectories")).drop(ignore).sort("rollout_id")
     x = pl.read_delta(lake.uri("transitions")).drop(ignore, strict=False).sort("rollout_id", "step")
@@ -59,3 +65,23 @@ def test_chunked_steps_write_what_one_chunk_writes(tmp_path: Path) -> None:
 def test_group_chunks_keep_groups_whole() -> None:
     assert _group_chunks(["a", "b", "c", "d"], [1, 2, 5, 1], 3) == [["a", "b"], ["c"], ["d"]]
     assert _group_chunks([], [], 3) == []
+
+
+def test_running_baseline_is_saved_once_per_run_and_survives_compaction(tmp_path: Path) -> None:
+    """Chunked or not, the run ends on the same baseline; only the last chunk's commit carries it
+    (a rerun after a crash between chunks starts from the previous run's), and a compaction commit
+    on top does not make the next run start it over."""
+    recs = records()
+    credit = CreditSettings(advantage="running_baseline")
+    _, x1, _, _ = build(tmp_path / "one", recs, None, credit)
+    _, x4, _, v4 = build(tmp_path / "small", recs, 4, credit)
+    assert x1.drop("created_at", strict=False).equals(x4.drop("created_at", strict=False))
+    one, small = Lake(str(tmp_path / "one")), Lake(str(tmp_path / "small"))
+    saved = _saved_baseline(small)
+    assert saved is not None and saved == _saved_baseline(one)
+    table = small.table("transitions")
+    assert table is not None
+    carrying = [c.get("version") for c in table.history() if BASELINE_KEY in c]
+    assert carrying == [v4]  # the last of the four chunk commits only
+    table.optimize.compact()
+    assert small.version("transitions") == v4 + 1 and _saved_baseline(small) == saved
