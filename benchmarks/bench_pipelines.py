@@ -199,14 +199,14 @@ def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Nam
 
     ing = in_child(do_ingest)
 
-    def spans_ceiling() -> dict[str, Any]:
+    def parquet_ceiling(table: str) -> dict[str, Any]:
         # the same rows, read back once (untimed), written straight to Parquet with pyarrow
-        t = pl.read_delta(lake.uri("spans")).to_arrow()
+        t = pl.read_delta(lake.uri(table)).to_arrow()
         t0 = time.perf_counter()
-        pq.write_table(t, os.path.join(scratch, "spans.parquet"))
+        pq.write_table(t, os.path.join(scratch, f"{table}.parquet"))
         return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
 
-    ing_ceil = in_child(spans_ceiling)
+    ing_ceil = in_child(lambda: parquet_ceiling("spans"))
 
     def do_transitions() -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -218,13 +218,7 @@ def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Nam
 
     gold = in_child(do_transitions)
 
-    def transitions_ceiling() -> dict[str, Any]:
-        t = pl.read_delta(lake.uri("transitions")).to_arrow()
-        t0 = time.perf_counter()
-        pq.write_table(t, os.path.join(scratch, "transitions.parquet"))
-        return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
-
-    gold_ceil = in_child(transitions_ceiling)
+    gold_ceil = in_child(lambda: parquet_ceiling("transitions"))
     return {
         "rows": ing["rows"],
         "commits": ing["commits"],
