@@ -345,6 +345,13 @@ def _indexed_messages(attrs: Mapping[str, Any], prefix: str, role: str, content:
     return json.dumps([found[i] for i in sorted(found)])
 
 
+def _flat_messages(attrs: Mapping[str, Any], openinference_prefix: str, old_genai_prefix: str) -> str | None:
+    """Messages flattened the OpenInference way, else the old GenAI way, as a JSON list."""
+    return _indexed_messages(
+        attrs, openinference_prefix, A.OI_MESSAGE_ROLE_SUFFIX, A.OI_MESSAGE_CONTENT_SUFFIX
+    ) or _indexed_messages(attrs, old_genai_prefix, "role", "content")
+
+
 def _reward(name: str, attrs: Mapping[str, Any]) -> tuple[float | None, str | None]:
     """The reward a span carries, our convention or Agent Lightning's; unnamed rewards are primary."""
     if name == A.REWARD_SPAN_NAME and attrs.get(A.REWARD_VALUE) is not None:
@@ -665,19 +672,13 @@ def _decode_request(
                     output_messages = _messages_json(attrs[A.GEN_AI_OUTPUT_MESSAGES]) if shape.msg_out else None
                     if shape.flat:
                         if input_messages is None:
-                            input_messages = _indexed_messages(
-                                attrs,
-                                A.OI_LLM_INPUT_MESSAGES_PREFIX,
-                                A.OI_MESSAGE_ROLE_SUFFIX,
-                                A.OI_MESSAGE_CONTENT_SUFFIX,
-                            ) or _indexed_messages(attrs, A.GEN_AI_PROMPT_PREFIX_OLD, "role", "content")
+                            input_messages = _flat_messages(
+                                attrs, A.OI_LLM_INPUT_MESSAGES_PREFIX, A.GEN_AI_PROMPT_PREFIX_OLD
+                            )
                         if output_messages is None:
-                            output_messages = _indexed_messages(
-                                attrs,
-                                A.OI_LLM_OUTPUT_MESSAGES_PREFIX,
-                                A.OI_MESSAGE_ROLE_SUFFIX,
-                                A.OI_MESSAGE_CONTENT_SUFFIX,
-                            ) or _indexed_messages(attrs, A.GEN_AI_COMPLETION_PREFIX_OLD, "role", "content")
+                            output_messages = _flat_messages(
+                                attrs, A.OI_LLM_OUTPUT_MESSAGES_PREFIX, A.GEN_AI_COMPLETION_PREFIX_OLD
+                            )
                     if shape.all_rest:
                         rest_json: str | None = _dumps(attrs)
                     elif shape.rest:
