@@ -1,8 +1,8 @@
 """Decode OTLP and reward bodies into Kafka records. Pure: no Kafka client, no server.
 
 A span record holds the spans of one trace from one request, with resource and scope kept as
-sent, as a serialized ``ExportTraceServiceRequest``; its key is the rollout id (resource or span
-attribute) or else the trace id in lowercase hex, so one rollout stays ordered in one partition.
+sent, as a serialized ``ExportTraceServiceRequest``; its key is the trace id in lowercase hex, so
+every piece of one trace stays ordered in one partition (the rollout is resolved by the pipeline).
 Records are built by concatenating protobuf encodings (the wire format allows it), so spans are
 copied byte for byte instead of being rebuilt field by field.
 """
@@ -14,7 +14,7 @@ import binascii
 import datetime as dt
 import json
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,10 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from collectors.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from schemas import attributes, topics
+from schemas import topics
 from schemas.errors import RecordValidationError
 from schemas.tables import REWARD_EVENT, SPANS, schema_version
 from schemas.validation import validate_reward_event
@@ -38,7 +37,6 @@ SPANS_SCHEMA_VERSION = str(schema_version(SPANS)).encode()
 REWARDS_SCHEMA_VERSION = str(schema_version(REWARD_EVENT)).encode()
 _SPANS_CONTENT_TYPE = topics.SPANS_CONTENT_TYPE.encode()
 _JSON_CONTENT_TYPE = topics.JSON_CONTENT_TYPE.encode()
-_ROLLOUT_KEYS = frozenset(attributes.ROLLOUT_ID_KEYS)
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
@@ -203,19 +201,6 @@ _TAG2 = b"\x12"  # field 2
 _TAG3 = b"\x1a"  # field 3
 
 
-def _rollout_id(attrs: Iterable[KeyValue]) -> str | None:
-    for kv in attrs:
-        if kv.key in _ROLLOUT_KEYS:
-            v = kv.value
-            which = v.WhichOneof("value")
-            if which == "string_value":
-                if v.string_value:
-                    return v.string_value
-            elif which in ("int_value", "double_value"):
-                return str(getattr(v, which))
-    return None
-
-
 def _span_problem(trace_id: bytes, span_id: bytes) -> str | None:
     if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
         return "trace_id must be 16 bytes and not all zero"
@@ -238,17 +223,13 @@ def split_traces(
     single trace and nothing was rejected, it becomes the record value unchanged.
     """
     out = TraceSplit()
-    # trace id -> {resource index -> {scope index -> [span bytes]}}, plus its rollout id
+    # trace id -> {resource index -> {scope index -> [span bytes]}}
     groups: dict[bytes, dict[int, dict[int, list[bytes]]]] = {}
-    rollout: dict[bytes, str] = {}
     counts: dict[bytes, int] = {}
     problems: list[str] = []
     resources = request.resource_spans
-    resource_rollouts: list[str | None] = []
     single_pass_ok = True
     for ri, rs in enumerate(resources):
-        r_rollout = _rollout_id(rs.resource.attributes)
-        resource_rollouts.append(r_rollout)
         for si, ss in enumerate(rs.scope_spans):
             for span in ss.spans:
                 tid = span.trace_id
@@ -265,10 +246,6 @@ def split_traces(
                     counts[tid] = 0
                 by_res.setdefault(ri, {}).setdefault(si, []).append(span.SerializeToString())
                 counts[tid] += 1
-                if tid not in rollout:
-                    rid = r_rollout or _rollout_id(span.attributes)
-                    if rid:
-                        rollout[tid] = rid
     if problems:
         out.error_message = "; ".join(problems) + (
             f" (and {out.rejected_spans - len(problems)} more)" if out.rejected_spans > len(problems) else ""
@@ -284,7 +261,10 @@ def split_traces(
     resource_bytes: dict[int, bytes] = {}
     scope_bytes: dict[tuple[int, int], bytes] = {}
     for tid, by_res in groups.items():
-        key = (rollout.get(tid) or tid.hex()).encode()
+        # Keyed by trace id, never by rollout id: the id may arrive in a later request (on the root),
+        # and every piece of one trace must land in the same partition, in order. Which rollout a
+        # trace belongs to is decided once, by the pipeline (`pipelines/identity.py`).
+        key = tid.hex().encode()
         if reuse:
             value = original
         else:

@@ -321,6 +321,25 @@ def _token_column(name: str, n: int, rows: list[int], items: list[Any], bad: dic
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, typ.value_type), mask=pa.array(null))
 
 
+def _oi_response_id(attrs: Mapping[str, Any]) -> str | None:
+    """The ``id`` of the raw OpenAI response an OpenInference LLM span keeps in ``output.value``.
+
+    It is what joins the client's record of a call to the gateway's (exact tokens) when the client
+    forwards no trace context.
+    """
+    if attrs[A.OI_SPAN_KIND] != A.OI_SPAN_KIND_LLM:
+        return None
+    raw = attrs[A.OI_OUTPUT_VALUE]
+    if not isinstance(raw, str) or not raw.startswith("{") or '"id"' not in raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    rid = value.get("id") if isinstance(value, dict) else None
+    return rid if isinstance(rid, str) and rid else None
+
+
 def _messages_json(v: Any) -> str | None:
     if v is None:
         return None
@@ -544,6 +563,7 @@ class _Shape:
         "agent",
         "status",
         "response",
+        "oi_output",
         "model",
         "policy",
         "prompt",
@@ -566,6 +586,8 @@ class _Shape:
         self.agent = present(A.AGENT_NAME_KEYS)
         self.status = present((A.ROLLOUT_STATUS,))
         self.response = present(A.RESPONSE_ID_KEYS)
+        # OpenInference's OpenAI instrumentation records no response id, only the raw response
+        self.oi_output = not self.response and A.OI_OUTPUT_VALUE in keys and A.OI_SPAN_KIND in keys
         self.model = present(A.MODEL_KEYS)
         self.policy = present((A.LLM_POLICY_VERSION,))
         self.prompt = present(A.PROMPT_TOKEN_IDS_KEYS)
@@ -702,7 +724,9 @@ def _decode_request(
                         _str(task if task is not None else res.task),
                         _str(agent if agent is not None else res.agent),
                         _str(attrs[shape.status[0]]) if shape.status else None,
-                        _str(_pick(shape.response, attrs)) if shape.response else None,
+                        _str(_pick(shape.response, attrs))
+                        if shape.response
+                        else (_oi_response_id(attrs) if shape.oi_output else None),
                         _str(_pick(shape.model, attrs)) if shape.model else None,
                         _str(attrs[shape.policy[0]]) if shape.policy else None,
                         input_messages,

@@ -9,14 +9,17 @@ the same replacement: idempotent, never duplicated.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from pipelines.credit import RunningBaseline
+from pipelines.identity import resolve_rollouts
 from pipelines.lake import Lake, in_list
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import assemble, empty_rewards
@@ -24,6 +27,8 @@ from pipelines.transitions import build
 from schemas.config import CreditSettings, KafkaSettings
 
 TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
+TRAJ_VERSION = "trajectories.version"  # the `trajectories` version the transitions step last read
+REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
 BASELINE_KEY = "agentlake.running_baseline"
 
 
@@ -74,61 +79,28 @@ def update_trajectories(
 ) -> StepResult:
     """Re-assemble every rollout touched by new spans, new reward events or the idle watermark.
 
-    Rollouts are taken ``chunk_rollouts`` at a time, one commit each, so memory follows the chunk,
-    not the backlog; the watermarks go in with the last chunk.
+    A rollout is rebuilt from every span of every trace that resolves to it (`pipelines/identity.py`),
+    so a piece of a trace that arrives after others, or names the rollout they did not, moves the
+    whole trace and removes the trajectory it was filed under before. Rollouts are taken
+    ``chunk_rollouts`` at a time, one commit each, so memory follows the chunk, not the backlog;
+    the watermarks go in with the last chunk. Each commit's ``updated_at`` is later than every row
+    committed before it, so the transitions step never misses a chunk it has not read yet.
     """
     now = now or dt.datetime.now(dt.UTC)
     res = StepResult()
+    spans_table = lake.table("spans")
+    if spans_table is None:
+        return res
     spans_cond, span_txns = _offset_ranges(lake, "spans", kafka.spans_topic, "trajectories", "spans")
     ev_cond, ev_txns = _offset_ranges(lake, "rewards", kafka.rewards_topic, "trajectories", "rewards")
-    spans = lake.scan("spans")
-    if spans is None:
-        return res
-    affected: set[str] = set()
-    # The earliest `day` partition known to hold a span of each affected rollout: loading their spans
-    # then skips older partitions instead of scanning the whole table (which grows without end).
-    first_day: dict[str, dt.date] = {}
-
-    def note_days(frame: pl.DataFrame) -> None:
-        for rid, day in zip(frame["rollout_id"].to_list(), frame["day"].to_list(), strict=True):
-            if rid is not None and day is not None and (rid not in first_day or day < first_day[rid]):
-                first_day[rid] = day
-
-    if spans_cond is not None:
-        new = spans.filter(spans_cond).group_by("rollout_id").agg(pl.col("day").min()).collect()
-        affected.update(new["rollout_id"].to_list())
-        note_days(new)
+    spans = pl.scan_delta(spans_table)  # one snapshot for the whole run
     rewards = lake.scan("rewards")
-    if ev_cond is not None and rewards is not None:
-        ev = rewards.filter(ev_cond).select("rollout_id", "trace_id", "llm_response_id").collect()
-        affected.update(x for x in ev["rollout_id"].to_list() if x)
-        traces = [x for x in ev["trace_id"].to_list() if x]
-        resp = [x for x in ev["llm_response_id"].to_list() if x]
-        if traces or resp:
-            hit = (
-                spans.filter(pl.col("trace_id").is_in(traces) | pl.col("llm_response_id").is_in(resp))
-                .group_by("rollout_id")
-                .agg(pl.col("day").min())
-                .collect()
-            )
-            affected.update(hit["rollout_id"].to_list())
-            note_days(hit)
     traj = lake.scan("trajectories")
-    if traj is not None:
-        cutoff = now - dt.timedelta(seconds=idle_timeout_s)
-        stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff)).select("rollout_id")
-        affected.update(stale.collect()["rollout_id"].to_list())
-        # Every span already in `spans` was assembled into its trajectory when it was new, and a
-        # trajectory's day is its earliest span's: so no older partition can hold one of its spans.
-        known = (
-            traj.filter(pl.col("rollout_id").is_in(sorted(affected)))
-            .group_by("rollout_id")
-            .agg(pl.col("day").min())
-            .collect()
-        )
-        note_days(known)
+    cutoff = now - dt.timedelta(seconds=idle_timeout_s)
+    plan = _plan_rollouts(spans, rewards, traj, spans_cond, ev_cond, cutoff)
     txns = {**span_txns, **ev_txns}
-    ids = sorted(affected)
+    ids = sorted(plan.rollouts)
+    stamp = _next_stamp(traj, now)
     for start in range(0, max(len(ids), 1), chunk_rollouts):
         chunk = ids[start : start + chunk_rollouts]
         last = start + chunk_rollouts >= len(ids)
@@ -136,31 +108,38 @@ def update_trajectories(
             if txns:
                 res.version = lake.write("trajectories", _empty("trajectories"), txns=txns)
             break
-        in_chunk = pl.col("rollout_id").is_in(chunk)
-        days = [first_day.get(r) for r in chunk]
-        if all(d is not None for d in days):
-            in_chunk = (pl.col("day") >= min(days)) & in_chunk  # type: ignore[type-var]
-        rows = spans.filter(in_chunk).collect()
+        traces = sorted(set().union(*(plan.traces.get(r, ()) for r in chunk)))
+        load = pl.col("trace_id").is_in(traces)
+        days = [plan.first_day[t] for t in traces if t in plan.first_day]
+        if days and len(days) == len(traces):
+            load = (pl.col("day") >= min(days)) & load
+        rows = resolve_rollouts(spans.filter(load).collect())
+        rows = rows.filter(pl.col("rollout_id").is_in(chunk))
         events = empty_rewards()
-        if rewards is not None:
-            traces = rows["trace_id"].unique().to_list()
+        if rewards is not None and rows.height:
+            chunk_traces = rows["trace_id"].unique().to_list()
             resp = rows["llm_response_id"].drop_nulls().unique().to_list()
             events = rewards.filter(
                 (pl.col("source") == "event")
                 & (
                     pl.col("rollout_id").is_in(chunk)
-                    | pl.col("trace_id").is_in(traces)
+                    | pl.col("trace_id").is_in(chunk_traces)
                     | pl.col("llm_response_id").is_in(resp)
                 )
             ).collect()
-        table = assemble(rows, events, now=now, idle_timeout_s=idle_timeout_s)
+        table = assemble(rows, events, now=now, idle_timeout_s=idle_timeout_s, updated_at=stamp)
+        stamp += dt.timedelta(microseconds=1)
+        removed = sorted(set(chunk) - set(table.column("rollout_id").to_pylist()))
         res.version = lake.write(
             "trajectories",
             table,
             txns=txns if last else None,
             mode="overwrite",
             predicate=in_list("rollout_id", chunk),
+            metadata={REMOVED_KEY: json.dumps(removed)} if removed else None,
         )
+        if removed:
+            res.extra["removed"] = res.extra.get("removed", 0) + len(removed)
         res.rows += table.num_rows
         res.rollouts += len(chunk)
         status = pc.value_counts(table.column("status")).to_pylist()
@@ -171,6 +150,114 @@ def update_trajectories(
         res.extra.setdefault("finished", 0)
         res.extra.setdefault("running", 0)
     return res
+
+
+@dataclass
+class _RolloutPlan:
+    """The rollouts to rebuild, the traces each is made of, and a lower bound of each trace's day."""
+
+    rollouts: set[str] = field(default_factory=set)
+    traces: dict[str, set[str]] = field(default_factory=dict)
+    first_day: dict[str, dt.date] = field(default_factory=dict)
+
+    def add(self, rollout: str, traces: list[str], day: dt.date | None) -> None:
+        self.rollouts.add(rollout)
+        self.traces.setdefault(rollout, set()).update(traces)
+        if day is not None:
+            for t in traces:
+                if t not in self.first_day or day < self.first_day[t]:
+                    self.first_day[t] = day
+
+
+_TOUCHED_COLUMNS = ["trace_id", "rollout_id", "day", "llm_response_id"]
+
+
+def _plan_rollouts(
+    spans: pl.LazyFrame,
+    rewards: pl.LazyFrame | None,
+    traj: pl.LazyFrame | None,
+    spans_cond: pl.Expr | None,
+    ev_cond: pl.Expr | None,
+    cutoff: dt.datetime,
+) -> _RolloutPlan:
+    """Which rollouts a run must rebuild, and from which traces.
+
+    Touched traces are those of new spans, of spans named by new reward events, and of calls that
+    share a response id with those (a gateway trace and its client's). A rollout is rebuilt when it
+    holds a touched trace, is named by a span of one, was named by a new event or went idle.
+    """
+    plan = _RolloutPlan()
+    touched: list[pl.DataFrame] = []
+    named: set[str] = set()
+    if spans_cond is not None:
+        touched.append(spans.filter(spans_cond).select(_TOUCHED_COLUMNS).collect())
+    if ev_cond is not None and rewards is not None:
+        ev = rewards.filter(ev_cond).select("rollout_id", "trace_id", "llm_response_id").collect()
+        named.update(x for x in ev["rollout_id"].to_list() if x)
+        by_trace = [x for x in ev["trace_id"].to_list() if x]
+        by_resp = [x for x in ev["llm_response_id"].to_list() if x]
+        if by_trace or by_resp:
+            hit = pl.col("trace_id").is_in(by_trace) | pl.col("llm_response_id").is_in(by_resp)
+            touched.append(spans.filter(hit).select(_TOUCHED_COLUMNS).collect())
+    if touched:
+        found = pl.concat(touched)
+        resp = found["llm_response_id"].drop_nulls().unique()
+        if resp.len():
+            # the other record of the same call, in another trace; both are recorded within moments
+            since = found["day"].min() - dt.timedelta(days=1)  # type: ignore[operator]
+            twins = spans.filter((pl.col("day") >= since) & pl.col("llm_response_id").is_in(resp.to_list()))
+            found = pl.concat([found, twins.select(_TOUCHED_COLUMNS).collect()])
+        for tid, rid, day, _ in found.iter_rows():
+            plan.add(rid or tid, [tid], day)
+    if traj is not None:
+        stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff)).select("rollout_id")
+        named.update(stale.collect()["rollout_id"].to_list())
+        touched_traces = sorted(plan.first_day.keys() | {t for ts in plan.traces.values() for t in ts})
+        wanted = sorted(plan.rollouts | named)
+        if wanted or touched_traces:
+            # every span already in `spans` was assembled into the trajectory its trace resolved to, and
+            # a trajectory's day is its earliest span's: so no older partition holds one of its spans
+            old = (
+                traj.filter(
+                    pl.col("rollout_id").is_in(wanted)
+                    | pl.col("trace_ids").list.eval(pl.element().is_in(touched_traces)).list.any()
+                )
+                .select("rollout_id", "trace_ids", "day")
+                .collect()
+            )
+            for rid, tids, day in old.iter_rows():
+                plan.add(rid, tids or [], day)
+    for rid in named - plan.rollouts:
+        plan.add(rid, [], None)  # named by an event but never seen: nothing to load, nothing to lose
+    if touched:
+        _link_twins(plan, found)
+    return plan
+
+
+def _link_twins(plan: _RolloutPlan, found: pl.DataFrame) -> None:
+    """Every rollout that holds a trace also loads the traces sharing a response id with it."""
+    pairs = found.filter(pl.col("llm_response_id").is_not_null()).select("llm_response_id", "trace_id").unique()
+    linked = pairs.join(pairs, on="llm_response_id").filter(pl.col("trace_id") != pl.col("trace_id_right"))
+    if linked.is_empty():
+        return
+    others: dict[str, set[str]] = {}
+    for a, b in linked.select("trace_id", "trace_id_right").iter_rows():
+        others.setdefault(a, set()).add(b)
+    for rid, traces in plan.traces.items():
+        extra = set().union(*(others.get(t, set()) for t in traces)) - traces
+        if extra:
+            day = min((plan.first_day[t] for t in traces if t in plan.first_day), default=None)
+            plan.add(rid, sorted(extra), day)
+
+
+def _next_stamp(traj: pl.LazyFrame | None, now: dt.datetime) -> dt.datetime:
+    """An ``updated_at`` later than every row already committed (and no earlier than ``now``)."""
+    if traj is None:
+        return now
+    newest = traj.select(pl.col("updated_at").max()).collect().item()
+    if newest is None or newest < now:
+        return now
+    return newest + dt.timedelta(microseconds=1)
 
 
 def _empty(name: str) -> Any:
@@ -195,20 +282,35 @@ def update_transitions(
     """
     now = now or dt.datetime.now(dt.UTC)
     res = StepResult()
-    traj = lake.scan("trajectories")
-    if traj is None:
+    traj_table = lake.table("trajectories")
+    if traj_table is None:
         return res
+    traj = pl.scan_delta(traj_table)  # one snapshot for the whole run
     mark = lake.txn("transitions", TRAJ_FROM_TRANSITIONS)
     changed = traj
     if mark is not None:
         changed = traj.filter(pl.col("updated_at") > dt.datetime.fromtimestamp(mark / 1e6, dt.UTC))
     keys = changed.select(
-        pl.coalesce("task_id", "rollout_id").alias("group_id"), pl.col("updated_at").dt.epoch("us")
+        pl.coalesce("task_id", "rollout_id").alias("group_id"), "rollout_id", pl.col("updated_at").dt.epoch("us")
     ).collect()
-    if keys.is_empty():
+    # Rollouts the trajectories step removed (their trace joined another rollout), and the groups
+    # changed rollouts were filed under before (a task id that arrived late): their old rows must go.
+    seen_version = lake.txn("transitions", TRAJ_VERSION)
+    removed = _removed_rollouts(traj_table, seen_version)
+    sizes = keys.group_by("group_id").len()
+    previous = lake.scan("transitions")
+    if previous is not None and (removed or keys.height):
+        lookup = sorted(set(keys["rollout_id"].to_list()) | removed)
+        old = previous.filter(pl.col("rollout_id").is_in(lookup)).select("group_id").unique().collect()
+        extra = old.join(sizes, on="group_id", how="anti").with_columns(pl.lit(1, pl.UInt32).alias("len"))
+        sizes = pl.concat([sizes, extra])
+    if sizes.is_empty():
         return res
-    new_mark = int(keys["updated_at"].max())  # type: ignore[arg-type]
-    sizes = keys.group_by("group_id").len().sort("group_id")
+    sizes = sizes.sort("group_id")
+    new_mark = int(keys["updated_at"].max()) if keys.height else mark  # type: ignore[arg-type]
+    marks = {TRAJ_VERSION: traj_table.version()}
+    if new_mark is not None:
+        marks[TRAJ_FROM_TRANSITIONS] = new_mark
     chunks = _group_chunks(sizes["group_id"].to_list(), sizes["len"].to_list(), chunk_rollouts)
     baseline = None
     if credit.advantage == "running_baseline":
@@ -226,7 +328,7 @@ def update_transitions(
         res.version = lake.write(
             "transitions",
             out.table,
-            txns={TRAJ_FROM_TRANSITIONS: new_mark} if last else None,
+            txns=marks if last else None,
             mode="overwrite",
             predicate=in_list("group_id", groups),
             metadata={BASELINE_KEY: baseline.to_json()} if last and baseline is not None else None,
@@ -248,6 +350,20 @@ def update_transitions(
     if rewarded:
         res.extra["reward_mean"] = reward_sum / rewarded
     return res
+
+
+def _removed_rollouts(traj: DeltaTable, after: int | None) -> set[str]:
+    """Rollouts removed by `trajectories` commits newer than version ``after`` (all when None)."""
+    newer = traj.version() - (-1 if after is None else after)
+    if newer <= 0:
+        return set()
+    out: set[str] = set()
+    for commit in traj.history(newer):
+        if after is not None and commit.get("version", after + 1) <= after:
+            continue
+        if REMOVED_KEY in (commit or {}):
+            out.update(json.loads(commit[REMOVED_KEY]))
+    return out
 
 
 def _saved_baseline(lake: Lake) -> str | None:

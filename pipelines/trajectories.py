@@ -27,6 +27,22 @@ def _fill_attempts(spans: pl.DataFrame) -> pl.DataFrame:
     return spans.with_columns(pl.col("attempt_id").fill_null(pl.col("attempt_id").drop_nulls().max().over("trace_id")))
 
 
+def _is_root() -> pl.Expr:
+    """A span that ends its rollout by being there: no parent, and not a gateway call of a named rollout.
+
+    The gateway records a call sent without ``traceparent`` as a parent-less span of its own trace.
+    When the client named the rollout (header or ``/rollout/{id}/`` path), that call is one step
+    of a longer rollout, not its root: the rollout runs until an explicit status (the gateway's
+    ``POST /rollout/{id}/end``), a root span of the agent's own, or the idle timeout.
+    """
+    gateway_call = (
+        (pl.col("service_name") == A.GATEWAY_SERVICE_NAME)
+        & (pl.col("name") == A.LLM_CALL_SPAN_NAME)
+        & (pl.col("rollout_id") != pl.col("trace_id"))
+    ).fill_null(False)
+    return pl.col("parent_span_id").is_null() & ~gateway_call
+
+
 def resolve_rewards(events: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     """Give reward events their rollout: named directly, else by trace id, else by LLM response id."""
     if events.is_empty():
@@ -50,8 +66,13 @@ def assemble(
     *,
     now: dt.datetime,
     idle_timeout_s: float,
+    updated_at: dt.datetime | None = None,
 ) -> pa.Table:
-    """All spans of some rollouts (+ their reward events) to `trajectories` rows."""
+    """All spans of some rollouts (+ their reward events) to `trajectories` rows.
+
+    ``spans`` carry resolved rollout ids (`pipelines.identity.resolve_rollouts`); ``updated_at``
+    (default ``now``) stamps the rows, so a later commit can be told from an earlier one.
+    """
     if spans.is_empty():
         return TRAJECTORIES.empty_table()
     spans = spans.unique(["trace_id", "span_id"], keep="last", maintain_order=True)
@@ -71,7 +92,7 @@ def assemble(
         | (pl.col("start_time") < pl.col("_p_start"))
         | (pl.col("end_time").is_not_null() & pl.col("_p_end").is_not_null() & (pl.col("end_time") > pl.col("_p_end")))
     )
-    spans = spans.with_columns(repaired.alias("_repaired"), pl.col("parent_span_id").is_null().alias("_root"))
+    spans = spans.with_columns(repaired.alias("_repaired"), _is_root().alias("_root"))
 
     # --- rewards: spans of this rollout, plus resolved events
     span_rewards = spans.filter(pl.col("reward_value").is_not_null()).select(
@@ -199,7 +220,7 @@ def assemble(
             status.alias("status"),
             pl.coalesce("_primary", "_first").alias("final_reward"),
             pl.col("n_llm_calls").fill_null(0),
-            now_us.alias("updated_at"),
+            pl.lit(updated_at or now).dt.cast_time_unit("us").dt.replace_time_zone("UTC").alias("updated_at"),
             pl.col("start_time").dt.date().alias("day"),
         )
         .sort(_KEYS, nulls_last=True)

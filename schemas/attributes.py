@@ -9,6 +9,7 @@ from __future__ import annotations
 REWARD_SPAN_NAME = "agentlake.reward"
 ROLLOUT_SPAN_NAME = "agentlake.rollout"
 LLM_CALL_SPAN_NAME = "agentlake.llm.call"
+GATEWAY_SERVICE_NAME = "agentlake-gateway"  # service.name of the gateway's own spans
 
 # --- agentlake.* keys (resource or span) ---------------------------------------------------
 ROLLOUT_ID = "agentlake.rollout.id"
@@ -32,6 +33,7 @@ LLM_ADAPTER = "agentlake.llm.adapter"
 LLM_UPSTREAM = "agentlake.llm.upstream"
 LLM_LATENCY_MS = "agentlake.llm.latency_ms"
 LLM_STREAMED = "agentlake.llm.streamed"
+LLM_CHOICE_INDEX = "agentlake.llm.choice_index"  # which choice of an answer with several (`n > 1`)
 
 # --- OpenTelemetry GenAI semantic conventions (new names, then older ones we still read) ---
 GEN_AI_SYSTEM = "gen_ai.system"
@@ -59,6 +61,8 @@ GEN_AI_COMPLETION_PREFIX_OLD = "gen_ai.completion."  # gen_ai.completion.{i}.rol
 
 # --- OpenInference ---------------------------------------------------------------------------
 OI_SPAN_KIND = "openinference.span.kind"  # "LLM", "AGENT", "TOOL", "CHAIN", ...
+OI_SPAN_KIND_LLM = "LLM"
+OI_OUTPUT_VALUE = "output.value"  # an LLM span's raw response; for OpenAI, JSON with the response "id"
 OI_LLM_INPUT_MESSAGES_PREFIX = "llm.input_messages."  # llm.input_messages.{i}.message.role / .content
 OI_LLM_OUTPUT_MESSAGES_PREFIX = "llm.output_messages."
 OI_MESSAGE_ROLE_SUFFIX = "message.role"

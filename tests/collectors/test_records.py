@@ -108,13 +108,11 @@ def test_single_trace_protobuf_body_is_reused_unchanged() -> None:
 
 
 @pytest.mark.parametrize("where", ["resource", "span"])
-def test_key_is_rollout_id_from_resource_or_span(where: str) -> None:
+def test_key_is_the_trace_id_whatever_rollout_id_the_spans_carry(where: str) -> None:
+    """Pieces of one trace land in one partition even when only a later piece names the rollout."""
     req = make_request({T1: 3, T2: 3}, rollout_on=where)
     keys = {r.key for r in split_traces(req, tenant="t", topic="s", received_at_ns=1).records}
-    if where == "resource":
-        assert keys == {b"rollout-0"}
-    else:
-        assert keys == {f"agl-{T1.hex()[:4]}".encode(), f"agl-{T2.hex()[:4]}".encode()}
+    assert keys == {T1.hex().encode(), T2.hex().encode()}
 
 
 def test_invalid_ids_are_rejected_as_partial_success() -> None:
