@@ -111,9 +111,18 @@ def advantages(
     normalize_std: bool = True,
     per_step: bool = False,
     baseline: RunningBaseline | None = None,
+    known_baselines: dict[str, float] | None = None,
 ) -> pl.DataFrame:
-    """Add ``advantage``: computed per rollout from ``score`` over its ``group_id``, then broadcast."""
-    rollouts = calls.group_by("_rk").agg(pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first())
+    """Add ``advantage`` and ``baseline``: per rollout from ``score`` over its ``group_id``, then broadcast.
+
+    For the running baseline, ``known_baselines`` (by rollout id) holds what rollouts seen before
+    were compared with: they keep it, and only rollouts new to it advance the running value, so
+    recomputing a group never counts a rollout twice.
+    """
+    rid = pl.col("rollout_id") if "rollout_id" in calls.columns else pl.col("_rk").alias("rollout_id")
+    rollouts = calls.group_by("_rk").agg(
+        rid.first(), pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first()
+    )
     if mode == "grpo":
         stats = rollouts.group_by("group_id").agg(
             pl.col("score").mean().alias("_b"),
@@ -137,8 +146,12 @@ def advantages(
         )
     elif mode == "running_baseline":
         state = baseline if baseline is not None else RunningBaseline()
-        rollouts = rollouts.sort("_order")
-        b = [state.advance(s) for s in rollouts["score"].to_list()]
+        known = known_baselines or {}
+        rollouts = rollouts.sort("_order", "_rk")
+        b = [
+            known[rid] if rid in known else state.advance(s)
+            for rid, s in zip(rollouts["rollout_id"].to_list(), rollouts["score"].to_list(), strict=True)
+        ]
         rollouts = rollouts.with_columns(pl.Series("_b", b, pl.Float64), pl.lit(1.0).alias("_s"))
     elif mode == "none":
         rollouts = rollouts.with_columns(pl.lit(0.0).alias("_b"), pl.lit(1.0).alias("_s"))
@@ -149,4 +162,4 @@ def advantages(
         adv = (pl.col("return") - pl.col("_b")) / pl.col("_s")
     else:
         adv = (pl.col("score") - pl.col("_b")) / pl.col("_s") * pl.col("weight")
-    return df.with_columns(adv.alias("advantage")).drop("_b", "_s")
+    return df.with_columns(adv.alias("advantage"), pl.col("_b").alias("baseline")).drop("_b", "_s")

@@ -320,7 +320,8 @@ def update_transitions(
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
         rows = traj.filter(pl.coalesce("task_id", "rollout_id").is_in(groups)).collect()
-        out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline)
+        known = _known_baselines(previous, groups) if baseline is not None else None
+        out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline, known_baselines=known)
         baseline = out.baseline
         last = i == len(chunks) - 1
         # The baseline goes in with the watermark: a rerun after a crash between chunks starts again
@@ -350,6 +351,19 @@ def update_transitions(
     if rewarded:
         res.extra["reward_mean"] = reward_sum / rewarded
     return res
+
+
+def _known_baselines(previous: pl.LazyFrame | None, groups: list[str]) -> dict[str, float]:
+    """The running baseline each rollout of ``groups`` was already compared with (it advanced then)."""
+    if previous is None:
+        return {}
+    seen = (
+        previous.filter(pl.col("group_id").is_in(groups) & pl.col("baseline").is_not_null())
+        .select("rollout_id", "baseline")
+        .unique("rollout_id", keep="first")
+        .collect()
+    )
+    return dict(zip(seen["rollout_id"].to_list(), seen["baseline"].to_list(), strict=True))
 
 
 def _removed_rollouts(traj: DeltaTable, after: int | None) -> set[str]:

@@ -97,6 +97,7 @@ def build(
     now: dt.datetime,
     retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
     baseline: RunningBaseline | None = None,
+    known_baselines: dict[str, float] | None = None,
 ) -> TransitionsResult:
     """`trajectories` rows (all rollouts of the affected groups) to `transitions` rows."""
     mode: CreditMode = credit.mode
@@ -220,7 +221,12 @@ def build(
     if adv_mode == "running_baseline" and res.baseline is None:
         res.baseline = RunningBaseline()
     calls = advantages(
-        calls, adv_mode, normalize_std=credit.normalize_std, per_step=mode == "per_step", baseline=res.baseline
+        calls,
+        adv_mode,
+        normalize_std=credit.normalize_std,
+        per_step=mode == "per_step",
+        baseline=res.baseline,
+        known_baselines=known_baselines,
     )
     res.rollouts = calls["_rk"].n_unique()
     out = calls.with_columns(

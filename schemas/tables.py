@@ -163,7 +163,7 @@ TRAJECTORIES = _versioned(
 # --- gold --------------------------------------------------------------------------------------
 TRANSITIONS = _versioned(
     "transitions",
-    1,
+    2,
     [
         pa.field("transition_id", pa.string(), nullable=False),  # rollout_id/attempt_id/step
         pa.field("rollout_id", pa.string(), nullable=False),
@@ -180,6 +180,8 @@ TRANSITIONS = _versioned(
         pa.field("reward", pa.float64(), nullable=False),
         pa.field("return", pa.float64(), nullable=False),
         pa.field("advantage", pa.float64(), nullable=False),
+        # what the rollout's score was compared with (group mean, leave-one-out mean, running value)
+        pa.field("baseline", pa.float64()),
         pa.field("policy_version", pa.string()),
         pa.field("llm_model", pa.string()),
         pa.field("token_source", pa.string(), nullable=False),  # "exact" | "retokenized"
@@ -212,6 +214,21 @@ MODEL_VERSIONS = _versioned(
         pa.field("publish_error", pa.string()),
         pa.field("created_at", _ts, nullable=False),
         pa.field("published_at", _ts),
+    ],
+)
+
+# Which transitions each model version trained on: one row per (version, transition). Pending data for
+# the next round is `transitions` anti-joined with this table on (train_table, transition_id).
+TRAINING_LINEAGE = _versioned(
+    "training_lineage",
+    1,
+    [
+        pa.field("model_version", pa.string(), nullable=False),  # model_versions.version
+        pa.field("transition_id", pa.string(), nullable=False),  # transitions.transition_id
+        pa.field("rollout_id", pa.string()),
+        pa.field("train_table", pa.string(), nullable=False),  # normalized table URI (schemas.uris)
+        pa.field("table_version", pa.int64(), nullable=False),  # the Delta version the row was read at
+        pa.field("consumed_at", _ts, nullable=False),
     ],
 )
 
@@ -255,6 +272,7 @@ TABLES: dict[str, pa.Schema] = {
     "trajectories": TRAJECTORIES,
     "transitions": TRANSITIONS,
     "model_versions": MODEL_VERSIONS,
+    "training_lineage": TRAINING_LINEAGE,
     "quarantine": QUARANTINE,
 }
 
@@ -269,5 +287,6 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     "trajectories": ["day"],
     "transitions": ["day"],
     "model_versions": [],
+    "training_lineage": [],
     "quarantine": [],
 }
