@@ -66,9 +66,20 @@ def in_child(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def produce_rollouts(
-    kafka: KafkaSettings, n: int, calls: int, prompt_len: int, response_len: int, *, first: int = 0
+    kafka: KafkaSettings,
+    n: int,
+    calls: int,
+    prompt_len: int,
+    response_len: int,
+    *,
+    first: int = 0,
+    split: bool = False,
 ) -> int:
-    """Spans through the real OTel SDK, encoded as the collector does, produced with kafka-python."""
+    """Spans through the real OTel SDK, encoded as the collector does, produced with kafka-python.
+
+    ``split``: as the OTel ``BatchSpanProcessor`` sends a long rollout: its id on the root span
+    only, the children in two earlier records (keyed by trace id) and the root last.
+    """
     from kafka import KafkaProducer
 
     from tests.pipelines.otel import Call, Rollout, make_spans, span_record
@@ -83,11 +94,19 @@ def produce_rollouts(
             resp = [rng.randrange(49152) for _ in range(response_len)]
             cs.append(Call(prompt=list(prompt), response=resp, logprobs=[-0.5] * response_len))
             prompt = prompt + resp + [rng.randrange(49152) for _ in range(8)]
-        r = Rollout(f"roll-{i}", task_id=f"task-{i // 8}", calls=cs, final_reward=float(rng.random() < 0.5))
+        r = Rollout(
+            f"roll-{i}",
+            task_id=f"task-{i // 8}",
+            calls=cs,
+            final_reward=float(rng.random() < 0.5),
+            ids_on_root_only=split,
+        )
         spans = make_spans(r)
         n_spans += len(spans)
-        rec = span_record(spans, key=r.rollout_id)
-        producer.send(kafka.spans_topic, key=rec["key"], value=rec["value"], headers=rec["headers"])
+        pieces = [spans[:-1][0::2], spans[:-1][1::2], spans[-1:]] if split else [spans]
+        for piece in pieces:
+            rec = span_record(piece)
+            producer.send(kafka.spans_topic, key=rec["key"], value=rec["value"], headers=rec["headers"])
     producer.flush(120)
     producer.close()
     return n_spans
@@ -102,6 +121,7 @@ def main() -> None:
     ap.add_argument("--batch-records", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3, help="rounds of ingest + transitions; medians are shown")
     ap.add_argument("--workers", type=int, default=None, help="decoder processes (default: ingest's own)")
+    ap.add_argument("--split", action="store_true", help="each trace in three records, its rollout id on the root only")
     ap.add_argument(
         "--grow",
         type=int,
@@ -127,7 +147,9 @@ def main() -> None:
     grown: dict[str, Any] | None = None
     try:
         t0 = time.perf_counter()
-        n_spans = produce_rollouts(kafka, args.rollouts, args.calls, args.prompt_len, args.response_len)
+        n_spans = produce_rollouts(
+            kafka, args.rollouts, args.calls, args.prompt_len, args.response_len, split=args.split
+        )
         print(f"produced {args.rollouts} rollouts, {n_spans} spans in {time.perf_counter() - t0:.1f}s", flush=True)
         for i in range(args.runs):
             r = one_round(kafka, Lake(os.path.join(root, f"lake{i}")), os.path.join(root, f"round{i}"), args)
@@ -139,7 +161,9 @@ def main() -> None:
             rounds.append(r)
         if args.grow > 1:
             more = (args.grow - 1) * args.rollouts
-            produce_rollouts(kafka, more, args.calls, args.prompt_len, args.response_len, first=args.rollouts)
+            produce_rollouts(
+                kafka, more, args.calls, args.prompt_len, args.response_len, first=args.rollouts, split=args.split
+            )
             grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -141,7 +141,7 @@ def update_trajectories(
         if removed:
             res.extra["removed"] = res.extra.get("removed", 0) + len(removed)
         res.rows += table.num_rows
-        res.rollouts += len(chunk)
+        res.rollouts += len(chunk) - len(removed)
         status = pc.value_counts(table.column("status")).to_pylist()
         for count in status:
             if count["values"] in ("finished", "running"):

@@ -49,6 +49,7 @@ class Rollout:
     t0_ns: int = 1_750_000_000_000 * MS // 1000
     style: str = "agentlake"  # or "agentlightning"
     end_root: bool = True
+    ids_on_root_only: bool = False  # as Agent Lightning writes them: children carry no rollout id
 
 
 def make_spans(r: Rollout, *, provider: TracerProvider | None = None) -> list[ReadableSpan]:
@@ -75,6 +76,8 @@ def make_spans(r: Rollout, *, provider: TracerProvider | None = None) -> list[Re
     root = tracer.start_span(A.ROLLOUT_SPAN_NAME, start_time=t, attributes=root_attrs)
     ctx = set_span_in_context(root)
     ids = {k: v for k, v in root_attrs.items() if k in (*A.ROLLOUT_ID_KEYS, *A.ATTEMPT_ID_KEYS, A.TASK_ID)}
+    if r.ids_on_root_only:
+        ids = {}
 
     def reward(value: float, when: int) -> None:
         if r.style == "agentlightning":
