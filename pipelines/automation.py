@@ -113,16 +113,11 @@ nightly_maintenance = ScheduleDefinition(
 
 
 def new_transitions(settings: Settings) -> tuple[int, int | None]:
-    """(rows added to `transitions` since the last trained version, newest table version)."""
+    """(transitions no version trained on yet, newest table version): what the next round would take."""
     from trainer.config import config_from_settings
-    from trainer.registry import Registry
-    from trainer.run import pending_transitions, read_pending
+    from trainer.run import count_pending
 
-    cfg = config_from_settings(settings)
-    start, end = pending_transitions(cfg, Registry(cfg.lake_root, cfg.storage_options))
-    if end is None or end <= start:
-        return 0, end
-    return read_pending(cfg, start, end).rows.num_rows, end
+    return count_pending(config_from_settings(settings))
 
 
 @sensor(

@@ -22,7 +22,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute is used below
 from pipelines.lake import Lake, sql_string
 from schemas.tables import TABLES
 
-QUERY_TABLES = ("spans", "rewards", "trajectories", "transitions", "model_versions", "quarantine")
+QUERY_TABLES = tuple(TABLES)  # one view per table of schemas.tables (training_lineage included)
 
 
 def extension_path() -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from schemas.config import Settings
+from schemas.uris import is_local, local_path
 from trainer.errors import TrainerError
 
 # Llama-style projection names; vLLM needs the adapter's target modules spelled out.
@@ -101,10 +102,6 @@ class TrainConfig:
                 )
 
 
-def _is_local(root: str) -> bool:
-    return "://" not in root or root.startswith("file://")
-
-
 def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
     """The run's config: settings first, then keyword overrides (unknown names raise)."""
     t = settings.trainer
@@ -115,7 +112,7 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         )
     lake_root = settings.lake.root
     # vLLM loads adapters from a local folder, so an object-store lake keeps checkpoints in state.
-    ckpt_root = Path(lake_root.removeprefix("file://")) if _is_local(lake_root) else settings.state.dir
+    ckpt_root = Path(local_path(lake_root)) if is_local(lake_root) else settings.state.dir
     values: dict[str, Any] = dict(
         lake_root=lake_root,
         storage_options=dict(settings.lake.storage_options),

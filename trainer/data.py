@@ -1,9 +1,11 @@
 """Transitions in, token batches out.
 
-Reading takes the rows *added or rewritten* in a Delta version range ``(start, end]``: the data
-files live in the snapshot at ``end`` but not in the one at ``start``. A late reward that
-re-scores a trajectory rewrites its rows into new files, so they count as new data, which is
-what "train since the last checkpoint" wants.
+Which rows a round reads is decided by ``transition_id`` (``rollout/attempt/step``), never by data
+files: compaction, vacuum and the pipeline's group rewrites (an overwrite with a predicate rewrites
+untouched rows into new files) change files, not identities. The table is read at one pinned Delta
+version; a normal round takes the rows whose id is not in ``exclude_ids`` (the ids already trained
+on, from ``trainer.lineage``), and an explicit ``version_start`` takes the ids that are in the
+snapshot at ``version_end`` but not in the one at ``version_start``. One row per id is kept.
 
 Batches are target-aligned: position ``t`` of every ``(B, T-1)`` tensor is about predicting
 ``input_ids[:, t+1]`` from the logits at ``t``. Only response tokens with ``loss_mask == 1``
@@ -26,12 +28,14 @@ import torch
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from schemas.uris import table_uri as _table_uri
 from trainer.errors import TrainerError
 
 log = logging.getLogger(__name__)
 
 COLUMNS = (
     "transition_id",
+    "rollout_id",
     "agent_name",
     "policy_version",
     "prompt_ids",
@@ -42,6 +46,7 @@ COLUMNS = (
     "return",
     "advantage",
 )
+KEY_COLUMNS = ("transition_id", "agent_name", "policy_version")  # enough to decide what is pending
 
 
 @dataclass
@@ -49,13 +54,14 @@ class TransitionData:
     """The rows of one training run and where they came from (for the registry's lineage)."""
 
     rows: pa.Table
-    table_uri: str
-    version_start: int  # exclusive; -1 = from the first version
-    version_end: int  # inclusive
+    table_uri: str  # normalized (schemas.uris)
+    version_start: int  # -1: no lower bound; else ids present at this version were left out
+    version_end: int  # the pinned version every row was read at
 
 
 def table_uri(lake_root: str, table: str) -> str:
-    return f"{lake_root.rstrip('/')}/{table}"
+    """The normalized location of ``table`` under ``lake_root`` (one spelling per lake)."""
+    return _table_uri(lake_root, table)
 
 
 def latest_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
@@ -66,6 +72,35 @@ def latest_version(uri: str, storage_options: dict[str, str] | None = None) -> i
         return None
 
 
+def _filter_keys(
+    keys: pa.Table,
+    *,
+    agent: str | None,
+    policy_versions: Sequence[str] | None,
+    exclude_ids: pa.Array | pa.ChunkedArray | None,
+) -> pa.Table:
+    if agent is not None and keys.num_rows:
+        names = [n for n in pc.unique(keys["agent_name"]).to_pylist() if n is not None]
+        keep = [n for n in names if fnmatch.fnmatchcase(n, agent)]
+        keys = keys.filter(pc.is_in(keys["agent_name"], pa.array(keep, pa.string())))
+    if policy_versions is not None and keys.num_rows:
+        keys = keys.filter(pc.is_in(keys["policy_version"], pa.array(list(policy_versions), pa.string())))
+    if exclude_ids is not None and len(exclude_ids) and keys.num_rows:
+        if isinstance(exclude_ids, pa.ChunkedArray):
+            exclude_ids = exclude_ids.combine_chunks()
+        keys = keys.filter(pc.invert(pc.is_in(keys["transition_id"], value_set=exclude_ids)))
+    return keys
+
+
+def _one_per_id(rows: pa.Table) -> pa.Table:
+    """The first row of each ``transition_id`` (a duplicated write must not train twice)."""
+    if pc.count_distinct(rows["transition_id"]).as_py() == rows.num_rows:
+        return rows
+    indexed = rows.append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+    first = indexed.group_by("transition_id", use_threads=False).aggregate([("_row", "min")])
+    return rows.take(first["_row_min"])
+
+
 def read_transitions(
     lake_root: str,
     *,
@@ -74,9 +109,17 @@ def read_transitions(
     version_end: int | None = None,
     agent: str | None = None,
     policy_versions: Sequence[str] | None = None,
+    exclude_ids: pa.Array | pa.ChunkedArray | None = None,
     storage_options: dict[str, str] | None = None,
+    ids_only: bool = False,
 ) -> TransitionData:
-    """Rows added in Delta versions ``(version_start, version_end]``, filtered by agent and policy."""
+    """The transitions at version ``version_end`` (default: the newest) that a round would train on.
+
+    Rows are kept when their agent matches the ``agent`` glob, their policy version is in
+    ``policy_versions``, their id is not in ``exclude_ids`` and, with ``version_start``, their id
+    is absent from the snapshot at ``version_start``. ``ids_only`` returns just ``transition_id``
+    (the sensor's count, without reading token columns).
+    """
     uri = table_uri(lake_root, table)
     opts = storage_options or None
     try:
@@ -85,19 +128,23 @@ def read_transitions(
         raise TrainerError(f"no {table} table at {uri}; run the pipeline first (or check lake.root)") from exc
     start_version = -1 if version_start is None else version_start
     dataset = end.to_pyarrow_dataset()
-    if start_version >= 0:
-        seen = set(DeltaTable(uri, version=start_version, storage_options=opts).to_pyarrow_dataset().files)
-        fragments = [f for f in dataset.get_fragments() if f.path not in seen]
-        dataset = pds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-    rows = dataset.to_table(columns=list(COLUMNS))
-
-    if agent is not None and rows.num_rows:
-        names = [n for n in pc.unique(rows["agent_name"]).to_pylist() if n is not None]
-        keep = [n for n in names if fnmatch.fnmatchcase(n, agent)]
-        rows = rows.filter(pc.is_in(rows["agent_name"], pa.array(keep, pa.string())))
-    if policy_versions is not None and rows.num_rows:
-        rows = rows.filter(pc.is_in(rows["policy_version"], pa.array(list(policy_versions), pa.string())))
-    rows = rows.sort_by("transition_id")  # file order is not stable; the seed should be enough
+    keys = _filter_keys(
+        dataset.to_table(columns=list(KEY_COLUMNS)),
+        agent=agent,
+        policy_versions=policy_versions,
+        exclude_ids=exclude_ids,
+    )
+    if start_version >= 0 and keys.num_rows:
+        before = DeltaTable(uri, version=start_version, storage_options=opts).to_pyarrow_dataset()
+        seen = pc.unique(before.to_table(columns=["transition_id"])["transition_id"])
+        keys = keys.filter(pc.invert(pc.is_in(keys["transition_id"], value_set=seen)))
+    wanted = pc.unique(keys["transition_id"])
+    if ids_only:
+        rows = pa.table({"transition_id": wanted.sort()})
+    else:
+        rows = dataset.to_table(columns=list(COLUMNS), filter=pds.field("transition_id").isin(wanted))
+        rows = _filter_keys(rows, agent=agent, policy_versions=policy_versions, exclude_ids=None)
+        rows = _one_per_id(rows).sort_by("transition_id")  # file order is not stable; the seed should be enough
     return TransitionData(rows=rows, table_uri=uri, version_start=start_version, version_end=end.version())
 
 

@@ -7,6 +7,8 @@ version went through (``DeltaTable.history()`` / time travel). Lineage in DuckDB
 
     SELECT version, parent_version, train_version_start, train_version_end, publish_status
     FROM delta_scan('<lake>/model_versions') ORDER BY version_number;
+
+Which transitions each version trained on is in ``training_lineage`` (``trainer.lineage``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from schemas.tables import MODEL_VERSIONS
-from trainer.data import table_uri
+from schemas.uris import normalize_uri, same_location, table_uri
 from trainer.errors import RegistryError
 
 TABLE = "model_versions"
@@ -73,8 +75,8 @@ class Registry:
         return max(live, key=lambda r: r["published_at"]) if live else None
 
     def last_trained(self, train_table: str | None = None) -> dict[str, Any] | None:
-        """The newest version (any status) trained on ``train_table``: where the next run's data starts."""
-        rows = [r for r in self.rows() if train_table is None or r["train_table"] == train_table]
+        """The newest version (any status) trained on ``train_table`` (any spelling of it)."""
+        rows = [r for r in self.rows() if train_table is None or same_location(r["train_table"], train_table)]
         return rows[-1] if rows else None
 
     def lineage(self, version: str) -> list[dict[str, Any]]:
@@ -115,7 +117,7 @@ class Registry:
             "kind": kind,
             "path": path,
             "served_name": served_name,
-            "train_table": train_table,
+            "train_table": normalize_uri(train_table) if train_table else train_table,
             "train_version_start": train_version_start,
             "train_version_end": train_version_end,
             "n_transitions": n_transitions,

@@ -1,11 +1,18 @@
 """One training round, as the CLI (`agentlake train --once`) and the Dagster asset run it.
 
-registry -> which data is new and which version to continue from -> read transitions ->
-train -> checkpoint folder -> registry row (pending) -> optionally publish.
+registry -> pin the transitions table's version -> pending rows (ids not in ``training_lineage``)
+-> train -> checkpoint folder -> registry row (pending) -> lineage rows -> optionally publish.
+
+Every transition is trained on once: a round takes the rows whose ``transition_id`` no earlier
+version trained on, so compaction, vacuum and group rewrites never bring old rows back. More passes
+over the same data are ``epochs`` within a round, or an explicit ``version_start``
+(``agentlake train --from-version N``), which takes the ids added after version N whether or not
+they were trained on before. Either way the rows a version trained on go into ``training_lineage``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +23,7 @@ from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
 from trainer.data import TransitionData, latest_version, read_transitions, table_uri
 from trainer.errors import TrainerError
+from trainer.lineage import Lineage
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -37,31 +45,63 @@ class RoundResult:
 
 
 def pending_transitions(cfg: TrainConfig, registry: Registry) -> tuple[int, int | None]:
-    """Where new data starts (exclusive) and the table's newest version (None: no table yet)."""
+    """(start, end): the table version the last round on this table read at (or ``cfg.version_start``;
+    -1: none), and the version to read now (``cfg.version_end`` or the newest; None: no table yet)."""
+    uri = table_uri(cfg.lake_root, cfg.table)
     if cfg.version_start is not None:
         start = cfg.version_start
     else:
-        last = registry.last_trained(table_uri(cfg.lake_root, cfg.table))
+        last = registry.last_trained(uri)
         start = last["train_version_end"] if last and last["train_version_end"] is not None else -1
-    end = (
-        cfg.version_end
-        if cfg.version_end is not None
-        else latest_version(table_uri(cfg.lake_root, cfg.table), cfg.storage_options)
-    )
+    end = cfg.version_end if cfg.version_end is not None else latest_version(uri, cfg.storage_options)
     return start, end
 
 
-def read_pending(cfg: TrainConfig, start: int, end: int) -> TransitionData:
-    """The config's rows in Delta versions ``(start, end]``: one reader, so the sensor counts what a round trains on."""
+def read_pending(
+    cfg: TrainConfig, start: int, end: int, *, lineage: Lineage | None = None, ids_only: bool = False
+) -> TransitionData:
+    """The rows a round trains on at version ``end``: one reader, so the sensor counts what a round trains on.
+
+    Without an explicit ``cfg.version_start`` that is every row matching the filters whose id is not
+    in ``training_lineage``; with one, the ids absent from the snapshot at ``start``.
+    """
+    explicit = cfg.version_start is not None
+    exclude = None
+    if not explicit:
+        lineage = lineage or Lineage(cfg.lake_root, cfg.storage_options)
+        exclude = lineage.consumed_ids(table_uri(cfg.lake_root, cfg.table))
     return read_transitions(
         cfg.lake_root,
         table=cfg.table,
-        version_start=start,
+        version_start=start if explicit else None,
         version_end=end,
         agent=cfg.agent,
         policy_versions=cfg.policy_versions,
+        exclude_ids=exclude,
         storage_options=cfg.storage_options,
+        ids_only=ids_only,
     )
+
+
+def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
+    """Whether the last round on this table read version ``end`` with the same filters: then it took
+    every row a round would take now, and nothing needs reading (the sensor's common case)."""
+    last = registry.last_trained(table_uri(cfg.lake_root, cfg.table))
+    if cfg.version_start is not None or last is None or last["train_version_end"] != end:
+        return False
+    before = json.loads(last["config"] or "{}")
+    return before.get("version_start") is None and all(
+        before.get(k) == getattr(cfg, k) for k in ("agent", "policy_versions")
+    )
+
+
+def count_pending(cfg: TrainConfig) -> tuple[int, int | None]:
+    """(transitions the next round would train on, the table version it would read): the sensor's count."""
+    registry = Registry(cfg.lake_root, cfg.storage_options)
+    start, end = pending_transitions(cfg, registry)
+    if end is None or (cfg.version_start is not None and end <= start) or _caught_up(cfg, registry, end):
+        return 0, end
+    return read_pending(cfg, start, end, ids_only=True).rows.num_rows, end
 
 
 def train_once(
@@ -77,14 +117,24 @@ def train_once(
     elif overrides:
         cfg = cfg.replace(**overrides)
     registry = Registry(cfg.lake_root, cfg.storage_options)
+    lineage = Lineage(cfg.lake_root, cfg.storage_options)
     start, end = pending_transitions(cfg, registry)
     if end is None:
         return RoundResult(None, reason=f"no {cfg.table} table under {cfg.lake_root} yet")
-    if end <= start:
+    if cfg.version_start is not None and end <= start:
         return RoundResult(None, reason=f"no new {cfg.table} versions since {start}", version_start=start)
 
-    data = read_pending(cfg, start, end)
+    data = read_pending(cfg, start, end, lineage=lineage)
+    end = data.version_end  # pinned: every row, and the lineage, is of this version
     n = data.rows.num_rows
+    if n == 0:
+        return RoundResult(
+            None,
+            reason=f"no new transitions: every {cfg.table} row at version {end} matching the filters "
+            "was trained on already",
+            version_start=start,
+            version_end=end,
+        )
     if n < cfg.min_new_transitions and not force:
         return RoundResult(
             None,
@@ -93,8 +143,6 @@ def train_once(
             version_start=start,
             version_end=end,
         )
-    if n == 0:
-        return RoundResult(None, reason="no transitions match the filters", version_start=start, version_end=end)
 
     # Continue the policy that generated the data: the serving version, if it is of our kind.
     parent = registry.serving()
@@ -112,7 +160,13 @@ def train_once(
         "version": version,
         "parent_version": parent["version"] if parent else None,
         "base_model": cfg.base_model,
-        "data": {"table": data.table_uri, "version_start": start, "version_end": data.version_end, "rows": n},
+        "data": {
+            "table": data.table_uri,
+            "version_start": start,
+            "version_end": end,
+            "rows": n,
+            "lineage": lineage.uri,
+        },
         "metrics": result.summary,
         "history": result.history,
     }
@@ -134,19 +188,27 @@ def train_once(
         served_name=cfg.served_name,
         train_table=data.table_uri,
         train_version_start=start,
-        train_version_end=data.version_end,
+        train_version_end=end,
         n_transitions=n,
         config=cfg.to_dict(),
         metrics=result.summary,
     )
-    log.info("trained %s on %d transitions (versions %d..%d) -> %s", version, n, start, data.version_end, path)
+    # After the registry row (which claims the version name atomically), so a lost race writes no lineage.
+    try:
+        lineage.record(model_version=version, train_table=data.table_uri, table_version=end, rows=data.rows)
+    except Exception as exc:
+        raise TrainerError(
+            f"{version} is registered but its training lineage was not written ({exc}); "
+            f"its {n} transitions count as not trained on and the next round takes them again"
+        ) from exc
+    log.info("trained %s on %d transitions (%s at version %d) -> %s", version, n, cfg.table, end, path)
     return RoundResult(
         version,
         path=str(path),
         parent_version=meta["parent_version"],
         n_transitions=n,
         version_start=start,
-        version_end=data.version_end,
+        version_end=end,
         metrics=result.summary,
         history=result.history,
     )

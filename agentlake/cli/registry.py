@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -28,6 +29,29 @@ def _restart_local_vllm(settings: Settings):  # noqa: ANN202
         start_vllm(settings, Path(path), on_step=lambda msg: console.print(f"  {msg}"))
 
     return restart
+
+
+def _trained_on(settings: Settings, row: dict[str, Any]) -> str:
+    """How many transitions a version trained on and from which table versions, from ``training_lineage``."""
+    from trainer.lineage import Lineage
+
+    lin = Lineage(settings.lake.root, dict(settings.lake.storage_options))
+    info = lin.summary(row["version"])
+    n = info["transitions"]
+    if n == 0:
+        return f"{row['n_transitions'] or 0} transitions (none recorded in {lin.uri})"
+    read_at = ", ".join(str(v) for v in info["table_versions"])
+    out = f"{n} transitions of {', '.join(info['tables'])} read at table version {read_at}"
+    start = row["train_version_start"]
+    if json.loads(row["config"] or "{}").get("version_start") is not None:
+        out += f": the ids added after table version {start} (--from-version)"
+    elif start is None or start < 0:
+        out += ": the first round on this table"
+    else:
+        out += f": the ones no earlier version trained on (the previous round read version {start})"
+    if row["n_transitions"] is not None and row["n_transitions"] != n:
+        out += f" [yellow]registry says {row['n_transitions']}[/]"
+    return out + f"; SQL: SELECT * FROM training_lineage WHERE model_version = '{row['version']}'"
 
 
 EvalTasksOption = typer.Option(
@@ -73,6 +97,7 @@ def show(version: str = typer.Argument(..., help="A version, e.g. v0003."), conf
                 "train_table", "train_version_start", "train_version_end", "n_transitions", "created_at",
                 "published_at"):  # fmt: skip
         console.print(f"[bold]{key}[/]: {row[key]}")
+    console.print(f"[bold]trained on[/]: {_trained_on(settings, row)}")
     console.print("[bold]lineage[/]: " + " <- ".join(r["version"] for r in reg.lineage(version)))
     console.print("[bold]metrics[/]:", json.loads(row["metrics"] or "{}"))
     console.print("[bold]config[/]:", json.loads(row["config"] or "{}"))

@@ -16,13 +16,15 @@ def train(
     publish: bool = typer.Option(False, "--publish", help="Publish the new version to vLLM afterwards."),
     force: bool = typer.Option(False, "--force", help="Train even with fewer than trainer.min_new_transitions."),
     max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
-    version_start: int | None = typer.Option(None, "--from-version", help="Transitions table version (exclusive)."),
-    version_end: int | None = typer.Option(None, "--to-version", help="Transitions table version (inclusive)."),
+    version_start: int | None = typer.Option(
+        None, "--from-version", help="Train on the transitions added after this table version, even if trained on."
+    ),
+    version_end: int | None = typer.Option(None, "--to-version", help="Read the transitions table at this version."),
     agent: str | None = typer.Option(None, "--agent", help="Only transitions of agents matching this glob."),
     interval: float = typer.Option(60.0, "--interval", help="Seconds between polls without --once."),
     config: str | None = ConfigOption,
 ) -> None:
-    """Train a new policy version on the transitions added since the last one."""
+    """Train a new policy version on the transitions no earlier version trained on (each once)."""
     from trainer.run import train_once
 
     settings = settings_or_exit(config)
@@ -39,7 +41,7 @@ def train(
             m = result.metrics
             console.print(
                 f"[green]{result.version}[/] from {result.n_transitions} transitions "
-                f"(table versions ({result.version_start}, {result.version_end}]): "
+                f"(read at table version {result.version_end}): "
                 f"loss {m.get('first_loss', 0):.4f} -> {m.get('final_loss', 0):.4f}, "
                 f"{m.get('tokens_per_s', 0):.0f} tok/s, saved to {result.path}"
             )

@@ -43,6 +43,9 @@ min_new_transitions = 4
     assert listed.exit_code == 0 and "v0001" in listed.output and "pending" in listed.output
     shown = runner.invoke(app, ["model", "show", "v0001", "--config", str(config)])
     assert shown.exit_code == 0 and "lineage" in shown.output and "lora_rank" in shown.output
+    trained_on = " ".join(shown.output.split())  # rich wraps long lines
+    assert f"trained on: 4 transitions of {lake}/transitions read at table version 0" in trained_on
+    assert "the first round on this table" in trained_on
 
     # Nothing listens on this port: the publish fails, exits 1, and the registry says why.
     url = f"http://127.0.0.1:{free_port()}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import torch
 
@@ -29,6 +30,21 @@ def test_version_range_reads_only_rows_added_after_start(lake: Path) -> None:
     assert middle.rows.num_rows == 2 and middle.version_end == 1
     assert read_transitions(str(lake), agent="crit*").rows.num_rows == 2
     assert read_transitions(str(lake), policy_versions=["v0001"]).rows["transition_id"].to_pylist() == ["r0009/a0/0"]
+
+
+def test_pending_rows_are_chosen_by_transition_id_once_each(lake: Path) -> None:
+    write_transitions(lake, [transition(i, [3], [5], advantage=1.0) for i in range(4)])
+    write_transitions(lake, [transition(i, [3], [6], advantage=2.0, agent="critic") for i in (2, 3, 4, 4)])
+    pending = read_transitions(str(lake), exclude_ids=pa.array(["r0000/a0/0"]))
+    assert pending.rows["transition_id"].to_pylist() == ["r0001/a0/0", "r0002/a0/0", "r0003/a0/0", "r0004/a0/0"]
+    assert pending.rows["rollout_id"].to_pylist()[0] == "r0001"
+    ids = read_transitions(str(lake), exclude_ids=pa.array(["r0000/a0/0"]), ids_only=True)
+    assert ids.rows.column_names == ["transition_id"] and ids.rows.num_rows == 4
+    # pinned: version 0 knows nothing of the second write
+    assert read_transitions(str(lake), version_end=0, ids_only=True).rows.num_rows == 4
+    assert read_transitions(str(lake), agent="critic", exclude_ids=pa.array(["r0002/a0/0"])).rows.num_rows == 2
+    # explicit range: the ids absent at version 0, whatever was trained
+    assert read_transitions(str(lake), version_start=0).rows["transition_id"].to_pylist() == ["r0004/a0/0"]
 
 
 def test_missing_table_says_what_to_do(lake: Path) -> None:

@@ -99,7 +99,8 @@ def two_versions(lake: Path, tiny_model_dir: Path) -> Registry:
         progress=False,
     )
     for v in range(2):
-        write_transitions(lake, [transition(i, prompt, tok("good")["input_ids"], advantage=1.0) for i in range(2)])
+        new = range(2 * v, 2 * v + 2)  # new transitions each round: a trained one is never trained again
+        write_transitions(lake, [transition(i, prompt, tok("good")["input_ids"], advantage=1.0) for i in new])
         assert train_once(cfg=cfg).version == f"v000{v + 1}"
     return Registry(str(lake))
 

@@ -127,9 +127,12 @@ def test_train_once_trains_new_data_then_waits_for_more(lake: Path, tiny_model_d
     assert row["publish_status"] == "pending" and row["train_version_end"] == end
     assert json.loads(row["config"])["lora_rank"] == 4 and "final_loss" in json.loads(row["metrics"])
 
-    assert "no new transitions versions" in train_once(cfg=cfg).reason
-    write_transitions(lake, rows[:2])
+    assert train_once(cfg=cfg).reason.startswith("no new transitions: every transitions row at version 0")
+    write_transitions(lake, rows[:2])  # the same transitions again (a duplicate write): nothing new
+    assert train_once(cfg=cfg, force=True).version is None
+    write_transitions(lake, [{**r, "transition_id": f"new{i}"} for i, r in enumerate(rows[:2])])
     skipped = train_once(cfg=cfg)
     assert skipped.version is None and "fewer than min_new_transitions=4" in skipped.reason
     forced = train_once(cfg=cfg, force=True)
     assert forced.version == "v0002" and forced.n_transitions == 2 and forced.version_start == end
+    assert forced.version_end == end + 2
