@@ -7,7 +7,6 @@ what makes reruns exactly-once: the table itself says what it already holds.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from schemas.tables import PARTITION_COLUMNS, TABLES
+from schemas.uris import table_uri
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,7 @@ class Lake:
     def uri(self, table: str) -> str:
         if table not in TABLES:
             raise KeyError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
-        if "://" in self.root:
-            return f"{self.root.rstrip('/')}/{table}"
-        return os.path.join(os.path.abspath(self.root), table)
+        return table_uri(self.root, table)  # one spelling per location (schemas.uris)
 
     def _opts(self) -> dict[str, str] | None:
         return dict(self.storage_options) or None
