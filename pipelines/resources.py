@@ -40,10 +40,12 @@ class KafkaResource(ConfigurableResource):
     batch_records: int = 2000
 
     def settings(self) -> KafkaSettings:
-        if not self.bootstrap_servers:
+        # Empty: the code location loaded before `agentlake up`; look for the running stack now.
+        bootstrap = self.bootstrap_servers or load_settings().kafka.bootstrap_servers
+        if not bootstrap:
             raise ConfigError("no Kafka address: start the stack with `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
         return KafkaSettings(
-            bootstrap_servers=self.bootstrap_servers,
+            bootstrap_servers=bootstrap,
             spans_topic=self.spans_topic,
             rewards_topic=self.rewards_topic,
             security_protocol=self.security_protocol,  # type: ignore[arg-type]
@@ -92,7 +94,7 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
     return {
         "lake": LakeResource(root=s.lake.root, storage_options=dict(s.lake.storage_options)),
         "kafka": KafkaResource(
-            bootstrap_servers=s.kafka.bootstrap_servers,  # `agentlake up` exports the live broker
+            bootstrap_servers=s.kafka.bootstrap_servers,  # explicit, else the running `agentlake up`
             spans_topic=s.kafka.spans_topic,
             rewards_topic=s.kafka.rewards_topic,
             security_protocol=s.kafka.security_protocol,

@@ -1,10 +1,16 @@
 """Settings: one object read from ``agentlake.toml`` and environment variables.
 
-Precedence, lowest first: defaults, ``agentlake.toml`` (in the working directory, or the file
-named by ``AGENTLAKE_CONFIG``), then environment variables. Environment variables are
-``AGENTLAKE_<SECTION>__<KEY>`` (``AGENTLAKE_COLLECTOR__HTTP_PORT=4318``), plus a few
+Precedence, lowest first: defaults, the running local stack, ``agentlake.toml`` (in the working
+directory, or the file named by ``AGENTLAKE_CONFIG``), then environment variables. Environment
+variables are ``AGENTLAKE_<SECTION>__<KEY>`` (``AGENTLAKE_COLLECTOR__HTTP_PORT=4318``), plus a few
 conventional short names (``AGENTLAKE_LAKE``, ``KAFKA_BOOTSTRAP_SERVERS``, ``AGENTLAKE_STATE_DIR``).
 Unknown keys and bad values raise ``ConfigError`` naming the key and the source it came from.
+
+The running local stack: ``agentlake up`` writes the addresses it started with (broker, lake,
+collector, gateway, vLLM, Dagster) to ``<state dir>/stack.json``, with the pid and start time of
+each process. Any tool that loads settings takes from it what nothing explicit sets, so
+``dagster asset materialize``, ``agentlake replay`` or ``agentlake model publish`` find the live
+broker with no ``KAFKA_BOOTSTRAP_SERVERS``. A file whose processes are gone is ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from schemas import topics
 from schemas.errors import ConfigError
@@ -52,6 +58,8 @@ class KafkaSettings(_Section):
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
     sasl_password: str | None = None
+    # The address found in the running local stack's file (not set by the user): see ``external``.
+    _local_broker: str = PrivateAttr(default="")
 
     def client_config(self, bootstrap: str | None = None) -> dict[str, Any]:
         """kafka-python connection arguments (servers, security); ``bootstrap`` overrides the servers."""
@@ -69,8 +77,12 @@ class KafkaSettings(_Section):
 
     @property
     def external(self) -> bool:
-        """True when a user-managed Kafka is configured and no local broker should start."""
-        return bool(self.bootstrap_servers.strip())
+        """True when a user-managed Kafka is configured and no local broker should start.
+
+        The local broker's address, found in the running stack's file, is not external.
+        """
+        servers = self.bootstrap_servers.strip()
+        return bool(servers) and servers != self._local_broker
 
 
 class CollectorSettings(_Section):
@@ -235,13 +247,96 @@ def _format(err: ValidationError, sources: Mapping[str, str]) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
+# --- the running local stack ---------------------------------------------------------------------
+
+STACK_FILE = "stack.json"  # under the state dir, written by `agentlake up`, removed by `agentlake down`
+STACK_FILE_VERSION = 1
+# Settings a stack file may supply (addresses and paths only; never credentials).
+STACK_KEYS: dict[str, tuple[str, ...]] = {
+    "kafka": ("bootstrap_servers",),
+    "lake": ("root",),
+    "collector": ("host", "http_port", "grpc_port"),
+    "gateway": ("host", "port"),
+    "vllm": ("host", "port"),
+    "dagster": ("home", "host", "port"),
+}
+
+
+def stack_file(state_dir: str | os.PathLike[str]) -> Path:
+    return Path(state_dir) / STACK_FILE
+
+
+def _process_alive(pid: Any, create_time: Any) -> bool:
+    """True when ``pid`` runs and started at ``create_time`` (a recycled pid is not the same process)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a dependency; a pid check is the fallback
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+    try:
+        proc = psutil.Process(pid)
+        if isinstance(create_time, int | float) and abs(proc.create_time() - create_time) >= 1.0:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def running_stack(state_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """The settings the live local stack under ``state_dir`` runs with, or ``{}`` when none runs."""
+    return _live_stack(state_dir)[0]
+
+
+def _live_stack(state_dir: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], bool]:
+    """(settings, whether its Kafka is the stack's own broker) of the live stack under ``state_dir``.
+
+    The stack runs while any process it recorded runs; its Kafka address counts only while its
+    broker runs (or, for an external Kafka, while the stack does).
+    """
+    try:
+        doc = json.loads(stack_file(state_dir).read_text())
+    except (OSError, ValueError):
+        return {}, False
+    if not isinstance(doc, dict) or doc.get("version") != STACK_FILE_VERSION:
+        return {}, False
+    procs = doc.get("processes")
+    recorded = doc.get("settings")
+    if not isinstance(procs, dict) or not isinstance(recorded, dict):
+        return {}, False
+    alive = {
+        name for name, p in procs.items() if isinstance(p, dict) and _process_alive(p.get("pid"), p.get("create_time"))
+    }
+    if not alive:
+        return {}, False
+    out: dict[str, dict[str, Any]] = {}
+    for section, keys in STACK_KEYS.items():
+        values = recorded.get(section)
+        if not isinstance(values, dict):
+            continue
+        picked = {k: values[k] for k in keys if k in values and values[k] not in (None, "")}
+        if section == "kafka" and "broker" in procs and "broker" not in alive:
+            picked = {}
+        if picked:
+            out[section] = picked
+    return out, "broker" in alive
+
+
 def load_settings(
     path: str | os.PathLike[str] | None = None,
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    discover: bool = True,
 ) -> Settings:
-    """Read settings from defaults, the TOML file, the environment, then ``overrides``."""
+    """Read settings from defaults, the running stack, the TOML file, the environment, then ``overrides``.
+
+    ``discover=False`` ignores the running local stack (``<state dir>/stack.json``).
+    """
     environ = os.environ if environ is None else environ
     sources: dict[str, str] = {}
     data: dict[str, Any] = {}
@@ -272,7 +367,27 @@ def load_settings(
     data = _merge(data, env)
     if overrides:
         data = _merge(data, {k: dict(v) for k, v in overrides.items()})
+    local_broker = ""
+    if discover:
+        state = data.get("state")
+        state_dir = state.get("dir") if isinstance(state, Mapping) else None
+        if not isinstance(state_dir, str | os.PathLike):
+            state_dir = StateSettings().dir
+        live, own_broker = _live_stack(state_dir)
+        for section, values in live.items():
+            current = data.get(section)
+            current = dict(current) if isinstance(current, Mapping) else {}
+            # Explicit settings win; an empty Kafka address means "the local broker", so it is found.
+            found = {k: v for k, v in values.items() if k not in current or current[k] == ""}
+            for key in found:
+                sources[f"{section}.{key}"] = str(stack_file(state_dir))
+            if found:
+                data[section] = {**current, **found}
+            if section == "kafka" and own_broker and "bootstrap_servers" in found:
+                local_broker = str(found["bootstrap_servers"]).strip()
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format(exc, sources)) from exc
+    settings.kafka._local_broker = local_broker
+    return settings

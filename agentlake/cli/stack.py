@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 from rich.table import Table
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
 from agentlake.stack import local
+from agentlake.stack.health import gateway_spill
+from schemas.config import stack_file
 
 
 def _render(rows: list[local.PartStatus]) -> Table:
@@ -34,6 +38,7 @@ def up(
         )
     console.print(_render(rows))
     console.print(f"logs: {local.state_dir(settings) / 'logs'}   stop with: agentlake down")
+    console.print(f"other tools find this stack through {stack_file(local.state_dir(settings))}")
 
 
 @app.command()
@@ -42,6 +47,13 @@ def status(config: str | None = ConfigOption) -> None:
     """Show each part of the stack, its address and health."""
     settings = settings_or_exit(config)
     rows = local.status(settings)
+    g = settings.gateway
+    spill = (
+        gateway_spill(f"http://{g.host}:{g.port}/health")
+        if any(r.name == "gateway" and r.healthy for r in rows)
+        else None
+    )
+    rows = [replace(r, detail=f"{spill}; {r.detail}") if r.name == "gateway" and spill else r for r in rows]
     console.print(_render(rows))
     started = [r for r in rows if r.pid]
     if started and not all(r.healthy for r in started):

