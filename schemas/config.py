@@ -108,6 +108,9 @@ class GatewaySettings(_Section):
     port: int = Field(4000, ge=0, le=65535)
     upstreams: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
     request_timeout_s: float = Field(600.0, gt=0)
+    # Recorded calls wait on disk (<state>/spill/gateway) until Kafka acknowledges them; past this
+    # many pending bytes new calls are dropped (counted at /health and in `agentlake status`).
+    spill_max_bytes: int = Field(512 << 20, ge=64 << 10)
 
 
 class ModelSettings(_Section):

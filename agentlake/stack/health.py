@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 from schemas.config import KafkaSettings
@@ -13,6 +15,34 @@ def http_ok(url: str, *, timeout_s: float = 2.0) -> bool:
         return httpx.get(url, timeout=timeout_s).is_success
     except httpx.HTTPError:
         return False
+
+
+def gateway_spill(url: str, *, timeout_s: float = 2.0) -> str | None:
+    """The gateway's spill as one line (calls waiting for Kafka, their bytes, calls dropped), from its /health.
+
+    None when the gateway does not answer or reports no spill.
+    """
+    try:
+        r = httpx.get(url, timeout=timeout_s)
+        spill: Any = r.json().get("spill") if r.is_success else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(spill, dict):
+        return None
+    line = f"spill: {spill.get('records', 0)} calls ({_size(spill.get('bytes', 0))}) waiting for Kafka"
+    line += f", {spill.get('dropped', 0)} dropped"
+    if spill.get("last_error"):
+        line += f" ({spill['last_error']})"
+    return line
+
+
+def _size(n: Any) -> str:
+    value = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover - the loop returns
 
 
 def kafka_ok(settings: KafkaSettings, bootstrap: str, *, timeout_s: float = 5.0) -> bool:

@@ -3,10 +3,16 @@
 Upstream, it always asks vLLM for ``return_token_ids`` and logprobs (and streamed usage); to the
 client it returns the normal OpenAI shape, keeping those extras only where the client asked for
 them. Each choice of each call becomes one ``agentlake.llm.call`` span in the caller's trace
-(``traceparent``), carrying exact token ids, logprobs, served model, adapter and policy version.
-Spans go to the sink after the response, off the client's latency path. Upstream errors pass
-through unchanged. ``pause`` answers new calls 429 + Retry-After while in-flight calls finish, so
-weights can be swapped under a quiet server.
+(``traceparent``), carrying exact token ids, logprobs, served model, adapter and policy version;
+with ``n > 1`` each choice is its own call, with its own response id (``<id>#<index>`` after the
+first). Spans go to the sink after the response, off the client's latency path; the server puts
+a disk spill (collectors.gateway.spill) in front of Kafka, so a call recorded is never lost while
+Kafka is away. Upstream errors pass through unchanged. ``pause`` answers new calls 429 +
+Retry-After while in-flight calls finish, so weights can be swapped under a quiet server.
+
+A rollout that only the gateway sees (the client names it by header or ``/rollout/{id}/`` path and
+sends no ``traceparent``) has no root span of its own, so it runs until ``POST /rollout/{id}/end``
+(status, optional reward) or the pipeline's idle timeout ends it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import PurePath
@@ -26,7 +33,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from collectors.gateway.spans import LlmCall, new_ids, parse_traceparent, span_record, traceparent
+from collectors.gateway.spans import (
+    LlmCall,
+    new_ids,
+    parse_traceparent,
+    rollout_end_record,
+    span_record,
+    traceparent,
+)
+from collectors.gateway.spill import SpillFull
 from collectors.sink import RecordSink
 from schemas import attributes as A
 from schemas.config import Settings
@@ -163,7 +178,11 @@ class _Stream:
 
 
 class Gateway:
-    """State of the proxy: upstreams, pause flag, in-flight count, background span writes."""
+    """State of the proxy: upstreams, pause flag, in-flight count, background span writes.
+
+    Spans are handed to ``sink`` once, with no retry: the server gives the disk spill
+    (collectors.gateway.spill), which takes every call unless it is full, and retries Kafka itself.
+    """
 
     def __init__(self, settings: Settings, sink: RecordSink, *, client: httpx.AsyncClient | None = None) -> None:
         self.settings = settings
@@ -183,7 +202,7 @@ class Gateway:
         self._background: set[asyncio.Task[None]] = set()
         self._models: dict[str, tuple[float, dict[str, tuple[str | None, str | None]]]] = {}
         self.recorded_spans = 0
-        self.record_failures = 0
+        self.record_failures = 0  # calls lost: the spill was full, or the sink refused them
 
     # --- pause / resume ------------------------------------------------------------------------
     def pause(self) -> None:
@@ -241,25 +260,81 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def _record(self, calls: Sequence[LlmCall]) -> None:
+        """Hand the calls' spans to the sink: the spill, which keeps them until Kafka has them."""
         try:
             for call in calls:
                 call.adapter, call.policy_version = await self._policy(call.upstream, call.response_model)
             topic = self.settings.kafka.spans_topic
             now = time.time_ns()
             records = [span_record(c, tenant=DEFAULT_TENANT, topic=topic, received_at_ns=now) for c in calls]
-            for attempt in range(60):
-                try:
-                    await self.sink.send(records)
-                    self.recorded_spans += len(records)
-                    return
-                except Exception as exc:  # noqa: BLE001 - retry whatever the sink says, then give up loudly
-                    if attempt == 59:
-                        raise
-                    log.warning("could not record LLM call spans yet (%s); retrying", exc)
-                    await asyncio.sleep(1.0)
+            await self.sink.send(records)
+            self.recorded_spans += len(records)
+        except SpillFull as exc:
+            self.record_failures += len(calls)
+            log.error("%s", exc)
         except Exception:
             self.record_failures += len(calls)
             log.exception("LLM call spans were lost")
+
+    async def end_rollout(self, request: Request) -> Response:
+        """``POST /rollout/{id}/end``: end a rollout the gateway alone has seen.
+
+        Body (optional JSON): ``status`` ("finished", the default, or "failed"), ``reward`` (a
+        number) and ``reward_name``. The attempt and task come from the same headers as on the
+        calls. Calls of this rollout still being recorded go first; the answer comes once the end
+        is in the spill.
+        """
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (ValueError, UnicodeDecodeError) as exc:
+            return openai_error(400, f"request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return openai_error(400, "request body must be a JSON object")
+        status = body.get("status", "finished")
+        if status not in ("finished", "failed"):
+            return openai_error(400, f'status must be "finished" or "failed", got {status!r}')
+        reward = body.get("reward")
+        if reward is not None and (
+            isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
+        ):
+            return openai_error(400, f"reward must be a finite number, got {reward!r}")
+        reward_name = body.get("reward_name")
+        if reward_name is not None and not isinstance(reward_name, str):
+            return openai_error(400, "reward_name must be a string")
+        ids = self._ids(request)
+        pending = set(self._background)
+        if pending:
+            await asyncio.wait(pending, timeout=30)
+        record = rollout_end_record(
+            ids,
+            status,
+            reward=reward,
+            reward_name=reward_name,
+            tenant=DEFAULT_TENANT,
+            topic=self.settings.kafka.spans_topic,
+            now_ns=time.time_ns(),
+        )
+        try:
+            await self.sink.send([record])
+        except Exception as exc:  # noqa: BLE001 - the client may retry the end
+            log.error("could not record the end of rollout %s: %s", ids[A.ROLLOUT_ID], exc)
+            return openai_error(503, f"the end of the rollout was not recorded: {exc}", "unavailable")
+        self.recorded_spans += 1
+        return JSONResponse({"rollout_id": ids[A.ROLLOUT_ID], "status": status, "reward": reward})
+
+    def _ids(self, request: Request) -> dict[str, str]:
+        """Rollout, attempt and task ids the client named (path or headers)."""
+        ids = {}
+        rollout = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
+        for key, value in (
+            (A.ROLLOUT_ID, rollout),
+            (A.ATTEMPT_ID, request.headers.get(ATTEMPT_HEADER)),
+            (A.TASK_ID, request.headers.get(TASK_HEADER)),
+        ):
+            if value:
+                ids[key] = value
+        return ids
 
     async def close(self) -> None:
         """Wait for span writes, then close the upstream client."""
@@ -281,6 +356,11 @@ class Gateway:
             trace_id, span_id = base.trace_id, base.span_id if n == 0 else new_ids()[1]
             prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
             output = choice.get("message") if kind == "chat" else {"role": "assistant", "content": choice.get("text")}
+            index = choice.get("index", n)
+            ids = choice.get("token_ids") if isinstance(choice.get("token_ids"), list) else None
+            own_usage = usage or {}
+            if len(choices) > 1 and ids is not None:  # usage counts every choice; each call its own
+                own_usage = {**own_usage, "completion_tokens": len(ids)}
             calls.append(
                 LlmCall(
                     trace_id=trace_id,
@@ -296,12 +376,13 @@ class Gateway:
                     response_model=data.get("model"),
                     response_id=data.get("id"),
                     prompt_token_ids=prompt if isinstance(prompt, list) else None,
-                    completion_token_ids=choice.get("token_ids") if isinstance(choice.get("token_ids"), list) else None,
+                    completion_token_ids=ids,
                     completion_logprobs=_choice_logprobs(choice, kind),
                     output_message=output,
                     finish_reason=choice.get("finish_reason"),
-                    usage=usage or {},
+                    usage=own_usage,
                     ids=base.ids,
+                    choice_index=index if isinstance(index, int) and index >= 0 else n,
                 )
             )
         return calls
@@ -317,15 +398,7 @@ class Gateway:
             return openai_error(400, f"request body is not valid JSON: {exc}")
         if not isinstance(body, dict):
             return openai_error(400, "request body must be a JSON object")
-        ids = {}
-        rollout = request.path_params.get("rollout_id") or request.headers.get(ROLLOUT_HEADER)
-        for key, value in (
-            (A.ROLLOUT_ID, rollout),
-            (A.ATTEMPT_ID, request.headers.get(ATTEMPT_HEADER)),
-            (A.TASK_ID, request.headers.get(TASK_HEADER)),
-        ):
-            if value:
-                ids[key] = value
+        ids = self._ids(request)
         parent = parse_traceparent(request.headers.get("traceparent"))
         trace_id, span_id = new_ids()
         if parent:
@@ -471,7 +544,7 @@ def create_app(gateway: Gateway) -> Starlette:
     async def state(_: Request) -> Response:
         return JSONResponse(_state(gateway))
 
-    routes = []
+    routes = [Route("/rollout/{rollout_id}/end", gateway.end_rollout, methods=["POST"])]
     for prefix in ("", "/rollout/{rollout_id}"):
         routes += [
             Route(f"{prefix}/v1/chat/completions", chat, methods=["POST"]),
@@ -488,7 +561,7 @@ def create_app(gateway: Gateway) -> Starlette:
 
 
 def _state(gateway: Gateway) -> dict[str, Any]:
-    return {
+    state = {
         "status": "ok",
         "paused": gateway.paused,
         "in_flight": gateway.in_flight,
@@ -496,3 +569,7 @@ def _state(gateway: Gateway) -> dict[str, Any]:
         "recorded_spans": gateway.recorded_spans,
         "record_failures": gateway.record_failures,
     }
+    stats = getattr(gateway.sink, "stats", None)
+    if callable(stats):
+        state["spill"] = stats()  # records, bytes and calls dropped (a full spill), waiting for Kafka
+    return state

@@ -1,14 +1,21 @@
-"""Run the gateway: uvicorn on ``gateway.host:port``, spans through the Kafka sink, clean SIGTERM."""
+"""Run the gateway: uvicorn on ``gateway.host:port``, spans through a disk spill to Kafka, clean SIGTERM.
+
+Recorded calls go to the spill (``<state>/spill/gateway``, see collectors.gateway.spill) and from
+there to Kafka, in order, whenever Kafka answers; a gateway started on a non-empty spill resends it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
+import httpx
 import uvicorn
 
 from collectors.errors import CollectorError
 from collectors.gateway.app import Gateway, create_app
+from collectors.gateway.spill import SpillSink
 from collectors.kafka_sink import KafkaSink
 from collectors.server import QuietServer, bind
 from collectors.sink import RecordSink
@@ -17,19 +24,33 @@ from schemas.config import Settings
 log = logging.getLogger(__name__)
 
 
-class GatewayServer:
-    """The gateway app on a socket; ``port`` is known after ``start``."""
+def spill_dir(settings: Settings) -> Path:
+    """Where the gateway keeps calls Kafka has not acknowledged yet."""
+    return settings.state.dir.resolve() / "spill" / "gateway"
 
-    def __init__(self, settings: Settings, sink: RecordSink | None = None) -> None:
+
+class GatewayServer:
+    """The gateway app on a socket; ``port`` is known after ``start``.
+
+    ``sink`` is where spans end up (Kafka unless given); the spill always sits in front of it.
+    ``client`` is the HTTP client for the upstreams (tests give an in-process one).
+    """
+
+    def __init__(
+        self, settings: Settings, sink: RecordSink | None = None, *, client: httpx.AsyncClient | None = None
+    ) -> None:
         self.settings = settings
         if sink is None:
             if not settings.kafka.external:
                 raise CollectorError(
                     "no Kafka configured for the gateway's spans: set KAFKA_BOOTSTRAP_SERVERS, or use `agentlake up`"
                 )
-            sink = KafkaSink(settings.kafka)
+            # Short bootstrap attempts (retried every second): with Kafka away, a stop need not wait
+            # for a 30 s attempt to give up; the calls wait in the spill meanwhile.
+            sink = KafkaSink(settings.kafka, bootstrap_timeout_ms=5000)
         self.sink = sink
-        self.gateway = Gateway(settings, sink)
+        self.spill = SpillSink(sink, spill_dir(settings), max_bytes=settings.gateway.spill_max_bytes)
+        self.gateway = Gateway(settings, self.spill, client=client)
         self.port = 0
         self._server: QuietServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -46,6 +67,7 @@ class GatewayServer:
                 await asyncio.sleep(1.0)
 
     async def start(self) -> None:
+        self.spill.start()  # takes the spill folder (one gateway each), resends what it holds
         if isinstance(self.sink, KafkaSink):
             self._connect = asyncio.create_task(self._connect_sink())
         g = self.settings.gateway
@@ -68,11 +90,15 @@ class GatewayServer:
         log.info("gateway listening on %s:%d -> %s", g.host, self.port, ", ".join(self.gateway.upstreams))
 
     async def stop(self) -> None:
-        """Finish in-flight calls, write their spans, flush the producer."""
+        """Finish in-flight calls, spill their spans, send what Kafka takes now, flush the producer.
+
+        What Kafka does not take stays in the spill for the next start.
+        """
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
         await self.gateway.close()
+        await self.spill.close(timeout_s=10.0)
         if self._connect is not None:
             self._connect.cancel()
         if isinstance(self.sink, KafkaSink):

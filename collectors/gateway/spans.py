@@ -21,7 +21,7 @@ from collectors.records import Record, split_traces
 from schemas import attributes as A
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-SERVICE_NAME = "agentlake-gateway"
+SERVICE_NAME = A.GATEWAY_SERVICE_NAME
 
 
 def parse_traceparent(value: str | None) -> tuple[bytes, bytes] | None:
@@ -81,6 +81,18 @@ class LlmCall:
     finish_reason: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)  # rollout/attempt/task ids from the caller
+    choice_index: int = 0  # which choice of the answer (``n > 1`` asks for several)
+
+    @property
+    def call_id(self) -> str | None:
+        """This choice's id: the provider's response id, ``#<index>`` added for choices after the first.
+
+        Each choice is its own LLM call, so each needs its own id (the pipeline keeps one call per
+        id); the first keeps the provider's id, which clients record and late rewards name.
+        """
+        if self.response_id is None or self.choice_index == 0:
+            return self.response_id
+        return f"{self.response_id}#{self.choice_index}"
 
     def attributes(self) -> dict[str, Any]:
         a: dict[str, Any] = {
@@ -97,7 +109,8 @@ class LlmCall:
             A.GEN_AI_RESPONSE_MODEL: self.response_model,
             A.LLM_SERVED_MODEL: self.response_model,
             A.GEN_AI_RESPONSE_ID: self.response_id,
-            A.LLM_RESPONSE_ID: self.response_id,
+            A.LLM_RESPONSE_ID: self.call_id,
+            A.LLM_CHOICE_INDEX: self.choice_index if self.response_id is not None else None,
             A.LLM_ADAPTER: self.adapter,
             A.LLM_POLICY_VERSION: self.policy_version,
             A.LLM_PROMPT_TOKEN_IDS: list(self.prompt_token_ids) if self.prompt_token_ids is not None else None,
@@ -118,7 +131,7 @@ class LlmCall:
 
 
 def span_record(call: LlmCall, *, tenant: str, topic: str, received_at_ns: int) -> Record:
-    """The Kafka record (keyed by rollout id, else trace id) holding this call's span."""
+    """The Kafka record holding this call's span."""
     span = Span(
         trace_id=call.trace_id,
         span_id=call.span_id,
@@ -132,11 +145,60 @@ def span_record(call: LlmCall, *, tenant: str, topic: str, received_at_ns: int) 
         else Status(code=Status.STATUS_CODE_OK),
     )
     span.attributes.extend(KeyValue(key=k, value=_value(v)) for k, v in call.attributes().items())
+    return _record([span], tenant=tenant, topic=topic, received_at_ns=received_at_ns)
+
+
+def rollout_end_record(
+    ids: dict[str, str],
+    status: str,
+    *,
+    reward: float | None = None,
+    reward_name: str | None = None,
+    tenant: str,
+    topic: str,
+    now_ns: int,
+) -> Record:
+    """The record that ends a gateway-only rollout: an ``agentlake.rollout`` span with its status.
+
+    ``ids`` carries the rollout id (and attempt / task ids when the calls named them). A reward, when
+    given, is an ``agentlake.reward`` child span in the same trace.
+    """
+    trace_id, span_id = new_ids()
+    root = Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        name=A.ROLLOUT_SPAN_NAME,
+        kind=Span.SPAN_KIND_INTERNAL,
+        start_time_unix_nano=now_ns,
+        end_time_unix_nano=now_ns,
+        status=Status(code=Status.STATUS_CODE_ERROR if status == "failed" else Status.STATUS_CODE_OK),
+    )
+    root.attributes.extend(KeyValue(key=k, value=_value(v)) for k, v in {**ids, A.ROLLOUT_STATUS: status}.items())
+    spans = [root]
+    if reward is not None:
+        child = Span(
+            trace_id=trace_id,
+            span_id=new_ids()[1],
+            parent_span_id=span_id,
+            name=A.REWARD_SPAN_NAME,
+            kind=Span.SPAN_KIND_INTERNAL,
+            start_time_unix_nano=now_ns,
+            end_time_unix_nano=now_ns,
+            status=Status(code=Status.STATUS_CODE_OK),
+        )
+        attrs = {**ids, A.REWARD_VALUE: float(reward), A.REWARD_NAME: reward_name or A.PRIMARY_REWARD_NAME}
+        child.attributes.extend(KeyValue(key=k, value=_value(v)) for k, v in attrs.items())
+        spans.append(child)
+    return _record(spans, tenant=tenant, topic=topic, received_at_ns=now_ns)
+
+
+def _record(spans: Sequence[Span], *, tenant: str, topic: str, received_at_ns: int) -> Record:
+    """One trace's spans as the gateway's Kafka record (resource ``service.name`` = the gateway)."""
     request = ExportTraceServiceRequest()
     rs = request.resource_spans.add()
     rs.resource.attributes.append(KeyValue(key=A.SERVICE_NAME, value=AnyValue(string_value=SERVICE_NAME)))
     ss = rs.scope_spans.add()
     ss.scope.name = "agentlake.gateway"
-    ss.spans.append(span)
+    ss.spans.extend(spans)
     (record,) = split_traces(request, tenant=tenant, topic=topic, received_at_ns=received_at_ns).records
     return record

@@ -57,6 +57,8 @@ class FakeVllm:
                 return Response(
                     b'{"object":"error","message":"boom","code":500}', self.fail, media_type="application/json"
                 )
+            rid = f"c{len(self.seen)}"  # a new response id per call: c1, c2, ...
+            n = int(body.get("n") or 1)  # choice c samples tokens 11+10c.. with logprobs -0.5(i+1)-c
             ids = [11, 12, 13]
             lps = (
                 {
@@ -67,6 +69,16 @@ class FakeVllm:
                 if body.get("logprobs")
                 else None
             )
+
+            def choice_ids(c: int) -> list[int]:
+                return [t + 10 * c for t in ids]
+
+            def choice_lps(c: int, i: int | None = None) -> dict[str, Any] | None:
+                if lps is None:
+                    return None
+                content = [{**x, "logprob": x["logprob"] - c} for x in lps["content"]]
+                return {"content": content if i is None else [content[i]]}
+
             if body.get("stream"):
 
                 async def events() -> Any:
@@ -74,7 +86,7 @@ class FakeVllm:
                         "data: "
                         + json.dumps(
                             {
-                                "id": "c1",
+                                "id": rid,
                                 "model": "policy-v2",
                                 "prompt_token_ids": [1, 2],
                                 "choices": [
@@ -84,33 +96,33 @@ class FakeVllm:
                         )
                         + "\n\n"
                     )
-                    for i, t in enumerate(ids):
-                        lp = {"content": [lps["content"][i]]} if lps else None
-                        yield (
-                            "data: "
-                            + json.dumps(
-                                {
-                                    "id": "c1",
-                                    "model": "policy-v2",
-                                    "choices": [
-                                        {
-                                            "index": 0,
-                                            "delta": {"content": f"w{i}"},
-                                            "token_ids": [t],
-                                            "logprobs": lp,
-                                            "finish_reason": "stop" if i == 2 else None,
-                                        }
-                                    ],
-                                }
+                    for i in range(len(ids)):
+                        for c in range(n):
+                            yield (
+                                "data: "
+                                + json.dumps(
+                                    {
+                                        "id": rid,
+                                        "model": "policy-v2",
+                                        "choices": [
+                                            {
+                                                "index": c,
+                                                "delta": {"content": f"w{i}" + "'" * c},
+                                                "token_ids": [choice_ids(c)[i]],
+                                                "logprobs": choice_lps(c, i),
+                                                "finish_reason": "stop" if i == 2 else None,
+                                            }
+                                        ],
+                                    }
+                                )
+                                + "\n\n"
                             )
-                            + "\n\n"
-                        )
                     if (body.get("stream_options") or {}).get("include_usage"):
                         yield (
                             "data: "
                             + json.dumps(
                                 {
-                                    "id": "c1",
+                                    "id": rid,
                                     "model": "policy-v2",
                                     "choices": [],
                                     "usage": {"prompt_tokens": 2, "completion_tokens": 3},
@@ -123,18 +135,19 @@ class FakeVllm:
                 return StreamingResponse(events(), media_type="text/event-stream")
             return JSONResponse(
                 {
-                    "id": "c1",
+                    "id": rid,
                     "object": "chat.completion",
                     "model": "policy-v2",
                     "prompt_token_ids": [1, 2] if body.get("return_token_ids") else None,
                     "choices": [
                         {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": "hi"},
-                            "logprobs": lps,
+                            "index": c,
+                            "message": {"role": "assistant", "content": "hi" + "!" * c},
+                            "logprobs": choice_lps(c),
                             "finish_reason": "stop",
-                            "token_ids": ids if body.get("return_token_ids") else None,
+                            "token_ids": choice_ids(c) if body.get("return_token_ids") else None,
                         }
+                        for c in range(n)
                     ],
                     "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
                 }
@@ -219,7 +232,7 @@ async def test_forces_ids_and_logprobs_but_answers_in_openai_shape(gw, fake: Fak
     assert not any(k.startswith("x-agentlake") for k in fake.headers[0])
     await settle(gateway)
     (s,) = spans(sink)
-    assert s["key"] == b"roll-1"
+    assert s["key"] == ("ab" * 16).encode()  # records are keyed by trace id; the pipeline resolves the rollout
     assert s["span"].trace_id.hex() == "ab" * 16 and s["span"].parent_span_id.hex() == "cd" * 8
     a = s["attrs"]
     assert a[A.LLM_PROMPT_TOKEN_IDS] == [1, 2] and a[A.LLM_COMPLETION_TOKEN_IDS] == [11, 12, 13]
@@ -260,6 +273,50 @@ async def test_streaming_relays_chunks_and_records_ids(gw, fake: FakeVllm) -> No
     assert s["attrs"][A.LLM_COMPLETION_TOKEN_IDS] == [11, 12, 13] and s["attrs"][A.LLM_PROMPT_TOKEN_IDS] == [1, 2]
     assert s["attrs"][A.LLM_STREAMED] is True and s["attrs"][A.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
     assert s["span"].status.code == s["span"].status.STATUS_CODE_OK
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_each_of_n_choices_is_its_own_call(gw, fake: FakeVllm, stream: bool) -> None:
+    """Issue 14, finding 7b: with ``n > 1`` every choice was recorded under one response id, so the
+    pipeline (one call per response id) kept one of them."""
+    gateway, sink = gw
+    async with client_for(gateway) as c:
+        r = await c.post("/v1/chat/completions", json={"model": "m", "messages": MSGS, "n": 3, "stream": stream})
+    assert r.status_code == 200
+    await settle(gateway)
+    got = sorted(spans(sink), key=lambda s: s["attrs"][A.LLM_CHOICE_INDEX])
+    assert [s["attrs"][A.LLM_CHOICE_INDEX] for s in got] == [0, 1, 2]
+    assert [s["attrs"][A.LLM_RESPONSE_ID] for s in got] == ["c1", "c1#1", "c1#2"]
+    assert {s["attrs"][A.GEN_AI_RESPONSE_ID] for s in got} == {"c1"}  # the provider's id, as clients record it
+    assert [s["attrs"][A.LLM_COMPLETION_TOKEN_IDS] for s in got] == [[11, 12, 13], [21, 22, 23], [31, 32, 33]]
+    assert [s["attrs"][A.LLM_COMPLETION_LOGPROBS] for s in got] == [[-0.5 - c, -1.0 - c, -1.5 - c] for c in range(3)]
+    assert all(s["attrs"][A.LLM_PROMPT_TOKEN_IDS] == [1, 2] for s in got)
+    assert len({s["span"].span_id for s in got}) == 3 and len({s["span"].trace_id for s in got}) == 1
+    if not stream:
+        assert all(s["attrs"][A.GEN_AI_USAGE_OUTPUT_TOKENS] == 3 for s in got)  # each choice its own count
+
+
+async def test_end_rollout_records_status_and_reward(gw) -> None:
+    gateway, sink = gw
+    async with client_for(gateway) as c:
+        bad = await c.post("/rollout/r9/end", json={"status": "done"})
+        assert bad.status_code == 400 and "status" in bad.json()["error"]["message"]
+        assert (await c.post("/rollout/r9/end", json={"reward": "high"})).status_code == 400
+        r = await c.post(
+            "/rollout/r9/end",
+            json={"reward": 0.75, "reward_name": "accuracy"},
+            headers={"x-agentlake-attempt-id": "a2"},
+        )
+        assert r.status_code == 200 and r.json() == {"rollout_id": "r9", "status": "finished", "reward": 0.75}
+        assert (await c.post("/rollout/r10/end", json={"status": "failed"})).json()["status"] == "failed"
+    root, reward, failed = spans(sink)
+    assert root["span"].name == A.ROLLOUT_SPAN_NAME and not root["span"].parent_span_id
+    assert root["attrs"] == {A.ROLLOUT_ID: "r9", A.ATTEMPT_ID: "a2", A.ROLLOUT_STATUS: "finished"}
+    assert reward["span"].name == A.REWARD_SPAN_NAME and reward["span"].parent_span_id == root["span"].span_id
+    assert reward["attrs"][A.REWARD_VALUE] == 0.75 and reward["attrs"][A.REWARD_NAME] == "accuracy"
+    assert reward["attrs"][A.ROLLOUT_ID] == "r9" and reward["attrs"][A.ATTEMPT_ID] == "a2"
+    assert failed["attrs"][A.ROLLOUT_STATUS] == "failed"
+    assert failed["span"].status.code == failed["span"].status.STATUS_CODE_ERROR
 
 
 async def test_upstream_errors_pass_through_unchanged(gw, fake: FakeVllm) -> None:
@@ -360,4 +417,4 @@ def test_real_vllm_through_gateway(request: pytest.FixtureRequest, settings: Set
         assert 0 < len(ids) <= 8 and len(lps) == len(ids)
         assert len(a[A.LLM_PROMPT_TOKEN_IDS].array_value.values) > 0
         assert a[A.GEN_AI_USAGE_OUTPUT_TOKENS].int_value == len(ids)
-    assert any(rec.key == b"r-real" for rec in records)
+    assert any(a[A.ROLLOUT_ID].string_value == "r-real" for a in calls if A.ROLLOUT_ID in a)

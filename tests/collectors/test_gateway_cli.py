@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -19,10 +20,11 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_pause_resume_state(kafka_settings: KafkaSettings) -> None:
+def test_pause_resume_state(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLAKE_")}
     env.update(
+        AGENTLAKE_STATE_DIR=str(tmp_path / "state"),  # the gateway's spill folder is its own
         AGENTLAKE_GATEWAY__PORT=str(port),
         KAFKA_BOOTSTRAP_SERVERS=kafka_settings.bootstrap_servers,
         AGENTLAKE_GATEWAY__UPSTREAMS=f'["http://127.0.0.1:{free_port()}"]',
@@ -43,7 +45,8 @@ def test_pause_resume_state(kafka_settings: KafkaSettings) -> None:
         assert paused.returncode == 0, paused.stdout + paused.stderr
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": []})
         assert r.status_code == 429 and "retry-after" in r.headers
-        assert "True" in _cli(env, "state").stdout
+        state = _cli(env, "state").stdout
+        assert "True" in state and "spill" in state
         resumed = _cli(env, "resume")
         assert resumed.returncode == 0 and "False" in resumed.stdout
     finally:
