@@ -3,20 +3,51 @@
 import polars as pl
 from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
 
-from pipelines.assets import spans, trajectories, transitions
+from pipelines.assets import rewards, spans, trajectories, transitions
 from pipelines.resources import LakeResource
 
 MIN_REWARD_COVERAGE = 0.5
 
 
-@asset_check(asset=spans, description="A span id appears once per trace (exactly-once ingestion).")
-def spans_unique(lake: LakeResource) -> AssetCheckResult:
-    scan = lake.lake().scan("spans")
+# Exactly-once ingestion: one row per span (reward) of each Kafka record. A record twice in a table
+# means a batch was committed twice; these checks are blocking, so such a run fails and nothing
+# downstream is built from the duplicates. A client that re-sent a span (a retried OTLP export)
+# puts it in another record: that is counted, not failed (trajectory assembly keeps one).
+_ORIGIN = ["kafka_topic", "kafka_partition", "kafka_offset"]
+
+
+def _unique(lake: LakeResource, table: str, key: list[str], redelivery_key: list[str]) -> AssetCheckResult:
+    scan = lake.lake().scan(table)
     if scan is None:
         return AssetCheckResult(passed=True, metadata={"rows": 0})
-    counts = scan.select(pl.len().alias("rows"), pl.struct("trace_id", "span_id").n_unique().alias("unique")).collect()
-    rows, unique = int(counts["rows"][0]), int(counts["unique"][0])
-    return AssetCheckResult(passed=rows == unique, metadata={"rows": rows, "duplicates": rows - unique})
+    counts = scan.select(
+        pl.len().alias("rows"),
+        pl.struct(*_ORIGIN, *key).n_unique().alias("unique"),
+        pl.struct(*redelivery_key).n_unique().alias("distinct"),
+    ).collect()
+    rows, unique, distinct = (int(counts[c][0]) for c in ("rows", "unique", "distinct"))
+    return AssetCheckResult(
+        passed=rows == unique,
+        metadata={"rows": rows, "duplicates": rows - unique, "redelivered": unique - distinct},
+    )
+
+
+@asset_check(
+    asset=spans,
+    blocking=True,
+    description="Each span of each Kafka record is stored once (exactly-once ingestion); blocks downstream.",
+)
+def spans_unique(lake: LakeResource) -> AssetCheckResult:
+    return _unique(lake, "spans", ["trace_id", "span_id"], ["trace_id", "span_id"])
+
+
+@asset_check(
+    asset=rewards,
+    blocking=True,
+    description="Each reward of each Kafka record is stored once (exactly-once ingestion); blocks downstream.",
+)
+def rewards_unique(lake: LakeResource) -> AssetCheckResult:
+    return _unique(lake, "rewards", ["source", "reward_id"], ["source", "reward_id"])
 
 
 @asset_check(asset=transitions, description="Response ids, logprobs and loss mask have the same length.")
@@ -69,4 +100,4 @@ def reward_coverage(lake: LakeResource) -> AssetCheckResult:
     )
 
 
-all_checks = [spans_unique, transitions_lengths, transitions_finite, reward_coverage]
+all_checks = [spans_unique, rewards_unique, transitions_lengths, transitions_finite, reward_coverage]

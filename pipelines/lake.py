@@ -14,8 +14,9 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from schemas.errors import ConcurrentWriteError, LakeError
 from schemas.tables import PARTITION_COLUMNS, TABLES
 from schemas.uris import table_uri
 
@@ -62,6 +63,32 @@ class Lake:
             return None
         return pl.scan_delta(dt)
 
+    def pin(self, name: str) -> DeltaTable:
+        """The table's current snapshot, creating the table empty first when it does not exist yet.
+
+        A writer that reads its source positions from this snapshot and commits with it as
+        ``snapshot=`` is exactly-once against concurrent writers (see ``write``). Creating first
+        matters: two first writes to a missing table race for version 0, and delta-rs retries the
+        loser on top of the winner without any conflict check.
+        """
+        dt = self.table(name)
+        if dt is not None:
+            return dt
+        try:
+            DeltaTable.create(
+                self.uri(name),
+                schema=TABLES[name],
+                partition_by=PARTITION_COLUMNS[name] or None,
+                mode="ignore",
+                storage_options=self._opts(),
+            )
+        except DeltaError:  # another writer created it at the same moment: use theirs
+            pass
+        dt = self.table(name)
+        if dt is None:  # pragma: no cover - create succeeded or someone else's did
+            raise LakeError(f"could not create the Delta table {self.uri(name)}")
+        return dt
+
     def write(
         self,
         name: str,
@@ -71,29 +98,79 @@ class Lake:
         mode: str = "append",
         predicate: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        snapshot: DeltaTable | None = None,
+        expect: Mapping[str, int | None] | None = None,
+        marks: Mapping[str, int] | None = None,
     ) -> int:
-        """Write ``data`` and the source positions ``txns`` in one commit; return the new version."""
+        """Write ``data`` and the source positions ``txns`` in one commit; return the new version.
+
+        ``txns`` are positions (Delta app transactions): a commit never moves one below the value
+        the snapshot holds (``ConcurrentWriteError``). ``marks`` are app transactions committed
+        alongside without that rule (fingerprints, epochs).
+
+        ``snapshot`` is the table as the caller read its positions (``pin``). The commit is based on
+        it, so delta-rs refuses it (``ConcurrentWriteError``, nothing lands) when another commit since
+        that snapshot set any of this commit's app ids; after the commit the object holds the new
+        version, so a writer's next commit builds on its own last one. ``expect`` maps app ids to the
+        values the caller read: the snapshot must still hold exactly those (it advances past other
+        writers' commits when delta-rs retries a commit that did not conflict with them). Without
+        ``snapshot`` the table is loaded here (created first when ``expect`` is given).
+        """
         schema = TABLES[name]
         data = data.select(schema.names).cast(schema)
+        txns = dict(txns or {})
+        dt = snapshot
+        if dt is None:
+            dt = self.pin(name) if expect is not None else self.table(name)
+        if dt is not None:
+            for app_id, want in (expect or {}).items():
+                have = dt.transaction_version(app_id)
+                if have != want:
+                    raise ConcurrentWriteError(
+                        f"{name}: {app_id} is at {_shown(have)} in version {dt.version()}, not at {_shown(want)} "
+                        "as this writer read it: another writer committed these records first; nothing was "
+                        "written, run again"
+                    )
+            for app_id, v in txns.items():
+                have = dt.transaction_version(app_id)
+                if have is not None and int(v) < have:
+                    raise ConcurrentWriteError(
+                        f"{name}: refusing to move {app_id} back from {have} to {v} (version {dt.version()}): "
+                        "another writer committed further; nothing was written, run again"
+                    )
+        apps = {**txns, **(marks or {})}
         props = CommitProperties(
-            app_transactions=[Transaction(app_id, int(v)) for app_id, v in (txns or {}).items()],
+            app_transactions=[Transaction(app_id, int(v)) for app_id, v in apps.items()],
             custom_metadata=dict(metadata) if metadata else None,
         )
         kwargs: dict[str, Any] = {}
         if predicate is not None:
             kwargs["predicate"] = predicate
-        write_deltalake(
-            self.uri(name),
-            data,
-            mode=mode,  # type: ignore[arg-type]
-            partition_by=PARTITION_COLUMNS[name] or None,
-            storage_options=self._opts(),
-            commit_properties=props,
-            **kwargs,
-        )
-        dt = self.table(name)
-        assert dt is not None
+        try:
+            write_deltalake(
+                dt if dt is not None else self.uri(name),
+                data,
+                mode=mode,  # type: ignore[arg-type]
+                partition_by=PARTITION_COLUMNS[name] or None,
+                storage_options=None if dt is not None else self._opts(),
+                commit_properties=props,
+                **kwargs,
+            )
+        except CommitFailedError as exc:
+            if not apps:
+                raise
+            raise ConcurrentWriteError(
+                f"{name}: a concurrent commit set {', '.join(sorted(txns or apps))} since version "
+                f"{'-' if dt is None else dt.version()} ({exc}); nothing was written, run again"
+            ) from exc
+        if dt is None:
+            dt = self.table(name)
+            assert dt is not None
         return dt.version()
+
+
+def _shown(position: int | None) -> str:
+    return "unset" if position is None else str(position)
 
 
 def sql_string(value: str) -> str:

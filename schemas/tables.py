@@ -23,6 +23,9 @@ def schema_version(schema: pa.Schema) -> int:
     return int((schema.metadata or {})[SCHEMA_VERSION_KEY])
 
 
+# Where a row came from. `kafka_offset` is the lake's position in the partition: the Kafka offset,
+# plus the base recorded when a reset log was accepted (`agentlake lake accept-reset`; the
+# `kafka-base:<topic>:<partition>` app transaction), so it only grows, across logs too.
 _kafka_origin = [
     pa.field("kafka_topic", pa.string()),
     pa.field("kafka_partition", pa.int32()),

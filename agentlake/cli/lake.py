@@ -108,3 +108,39 @@ def replay(
     out = run_replay(s, Lake(lake_root, dict(s.lake.storage_options)))
     for step, res in out.items():
         console.print(f"{step}: {res if isinstance(res, int) else res.metadata()}")
+
+
+lake_app = typer.Typer(name="lake", help="Lake maintenance: accept a reset Kafka log.", no_args_is_help=True)
+app.add_typer(lake_app, name="lake")
+
+
+@lake_app.command("accept-reset")
+@handle_errors
+def accept_reset(
+    topic: str = typer.Option("all", "--topic", help="spans | rewards | all"),
+    config: str | None = ConfigOption,
+) -> None:
+    """Ingest a reset Kafka log (a restarted in-memory broker, a recreated topic) from its first record.
+
+    Ingestion stops when a partition no longer holds the record at the lake's watermark.
+    This checks each topic the same way and, where its log was reset, records a new epoch in the table's history.
+    The new log's records are then stored after every offset the lake already holds.
+    A log that was not reset is left alone.
+    """
+    from pipelines.ingest import accept_reset as accept
+
+    if topic not in ("spans", "rewards", "all"):
+        raise typer.BadParameter("--topic must be spans, rewards or all")
+    s, lake = _lake(config)
+    if not s.kafka.bootstrap_servers:
+        console.print("[bold red]error:[/] no Kafka address: run `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
+        raise typer.Exit(2)
+    for kind in ("spans", "rewards") if topic == "all" else (topic,):
+        done = accept(lake, s.kafka, kind)  # type: ignore[arg-type]
+        name = s.kafka.spans_topic if kind == "spans" else s.kafka.rewards_topic
+        if done is None:
+            console.print(f"{kind}: the log of {name} holds what the lake ingested; nothing to accept")
+            continue
+        console.print(f"{kind}: accepted epoch {done['epoch']} of {name} (table version {done['version']})")
+        for p, part in sorted(done["partitions"].items(), key=lambda kv: int(kv[0])):
+            console.print(f"  partition {p}: {part['broker']}; new records from lake offset {part['base']}")

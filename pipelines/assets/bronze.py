@@ -5,8 +5,13 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 from pipelines.ingest import extract_span_rewards, ingest
 from pipelines.resources import KafkaResource, LakeResource
 
+# One ingestion per table at a time (a pool of one slot, dagster_home/dagster.yaml): the lake's
+# commit checks keep two at once exactly-once too, but the loser's run fails.
+SPANS_POOL = "agentlake-spans"
+REWARDS_POOL = "agentlake-rewards"
 
-@asset(group_name="bronze", description="One row per span, decoded from agentlake.spans.v1.")
+
+@asset(group_name="bronze", pool=SPANS_POOL, description="One row per span, decoded from agentlake.spans.v1.")
 def spans(context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResource) -> MaterializeResult:
     res = ingest(lake.lake(), kafka.settings(), "spans", batch_records=kafka.batch_records)
     context.log.info(f"spans: {res.records} records, {res.rows} rows, {res.quarantined} quarantined")
@@ -19,6 +24,7 @@ def spans(context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResour
 
 @asset(
     group_name="bronze",
+    pool=REWARDS_POOL,
     deps=[spans],
     description="Rewards from reward spans and from late events on agentlake.rewards.v1.",
 )
