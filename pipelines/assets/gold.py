@@ -12,7 +12,7 @@ from pipelines.steps import update_transitions
 @asset(
     group_name="gold",
     deps=[trajectories],
-    automation_condition=AutomationCondition.eager(),
+    automation_condition=AutomationCondition.eager() & AutomationCondition.all_deps_blocking_checks_passed(),
     description="One row per LLM call of a finished trajectory, with reward, return and advantage.",
 )
 def transitions(context: AssetExecutionContext, lake: LakeResource, policy: PolicyResource) -> MaterializeResult:

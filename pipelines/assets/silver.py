@@ -8,10 +8,12 @@ from pipelines.assets.bronze import rewards, spans
 from pipelines.resources import KafkaResource, LakeResource, PolicyResource
 from pipelines.steps import update_trajectories
 
-# New spans or rewards, or every 15 minutes so idle rollouts reach `timed_out` without new data.
-_CONDITION = AutomationCondition.eager() | (
-    AutomationCondition.cron_tick_passed("*/15 * * * *") & ~AutomationCondition.in_progress()
-)
+# New spans or rewards, or every 15 minutes so idle rollouts reach `timed_out` without new data;
+# never while a blocking check of the bronze tables (duplicates) is failing.
+_CONDITION = (
+    AutomationCondition.eager()
+    | (AutomationCondition.cron_tick_passed("*/15 * * * *") & ~AutomationCondition.in_progress())
+) & AutomationCondition.all_deps_blocking_checks_passed()
 
 
 @asset(
