@@ -146,6 +146,9 @@ class Lake:
         kwargs: dict[str, Any] = {}
         if predicate is not None:
             kwargs["predicate"] = predicate
+        if dt is not None and not set(schema.names) <= {f.name for f in dt.schema().fields}:
+            # a table written under an older schema version gains the new (nullable) columns
+            kwargs["schema_mode"] = "merge"
         try:
             write_deltalake(
                 dt if dt is not None else self.uri(name),
