@@ -113,7 +113,7 @@ def update_trajectories(
         days = [plan.first_day[t] for t in traces if t in plan.first_day]
         if days and len(days) == len(traces):
             load = (pl.col("day") >= min(days)) & load
-        rows = resolve_rollouts(spans.filter(load).collect())
+        rows = resolve_rollouts(spans.filter(load).collect(engine="streaming"))
         rows = rows.filter(pl.col("rollout_id").is_in(chunk))
         events = empty_rewards()
         if rewards is not None and rows.height:
@@ -146,6 +146,7 @@ def update_trajectories(
         for count in status:
             if count["values"] in ("finished", "running"):
                 res.extra[count["values"]] = res.extra.get(count["values"], 0) + count["counts"]
+        del rows, events, table  # before the next chunk loads: one chunk in memory at a time
     if res.rows:
         res.extra.setdefault("finished", 0)
         res.extra.setdefault("running", 0)
@@ -319,7 +320,7 @@ def update_transitions(
     mismatches = 0
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
-        rows = traj.filter(pl.coalesce("task_id", "rollout_id").is_in(groups)).collect()
+        rows = traj.filter(pl.coalesce("task_id", "rollout_id").is_in(groups)).collect(engine="streaming")
         known = _known_baselines(previous, groups) if baseline is not None else None
         out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline, known_baselines=known)
         baseline = out.baseline
@@ -342,6 +343,7 @@ def update_transitions(
         reward = out.table.column("reward")
         reward_sum += float(pc.sum(reward).as_py() or 0.0)
         rewarded += len(reward) - reward.null_count
+        del rows, out, reward  # before the next chunk loads: one chunk in memory at a time
     res.extra = {
         "groups": int(sizes.height),
         "commits": len(chunks),
