@@ -103,7 +103,9 @@ def wait_for_transitions(settings: Settings, rollout_ids: set[str], *, timeout_s
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    uri = settings.lake.root.rstrip("/") + "/transitions"
+    from schemas.uris import table_uri
+
+    uri = table_uri(settings.lake.root, "transitions")
     deadline = time.monotonic() + timeout_s
     seen: set[str] = set()
     while time.monotonic() < deadline:
