@@ -24,6 +24,7 @@ from pipelines.ingest import app_id, end_offsets_hint, make_consumer, positions
 from pipelines.lake import Lake
 from pipelines.resources import KafkaResource, LakeResource, TrainerResource
 from schemas.config import Settings
+from schemas.tables import TABLES
 
 ingest_job = define_asset_job("ingest", selection=AssetSelection.groups("bronze"))
 lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold"))
@@ -93,7 +94,7 @@ def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: L
 @op(description="Compact small files and vacuum files older than the retention, table by table.")
 def compact_and_vacuum(context: OpExecutionContext, lake: LakeResource) -> None:
     the_lake = lake.lake()
-    for name in ("spans", "rewards", "trajectories", "transitions", "quarantine", "model_versions"):
+    for name in TABLES:
         dt = the_lake.table(name)
         if dt is None:
             continue
