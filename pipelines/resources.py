@@ -12,7 +12,7 @@ from typing import Any
 from dagster import ConfigurableResource
 
 from pipelines.lake import Lake
-from pipelines.retokenize import Retokenizer, load
+from pipelines.retokenize import Retokenizer, load, tokenizer_dir
 from schemas.config import CreditSettings, KafkaSettings, Settings, load_settings
 from schemas.errors import ConfigError
 
@@ -88,7 +88,7 @@ class TrainerResource(ConfigurableResource):
 def resources_from_settings(settings: Settings | None = None) -> dict[str, ConfigurableResource]:
     """Resources for the code location, read from agentlake.toml and the environment."""
     s = settings or load_settings()
-    model_dir = s.model.base if os.path.isdir(s.model.base) else str(s.model.cache_dir / s.model.base)
+    model_dir = tokenizer_dir(s)
     credit = s.credit.model_dump()
     idle = credit.pop("idle_timeout_s")
     return {

@@ -7,8 +7,12 @@ seen, not necessarily what it sampled, and they carry no behaviour logprobs.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
+
+from schemas.config import Settings
 
 
 def _normalize(messages: Any) -> list[dict[str, str]]:
@@ -70,3 +74,15 @@ class Retokenizer:
 def load(path: str) -> Retokenizer:
     """One tokenizer per process and path: loading it is the slow part."""
     return Retokenizer(path)
+
+
+def tokenizer_dir(settings: Settings) -> str:
+    """The policy's tokenizer folder: the base model as a folder, else its pulled copy in the cache."""
+    base = settings.model.base
+    return base if os.path.isdir(base) else str(settings.model.cache_dir / base)
+
+
+def policy_retokenizer(settings: Settings) -> Callable[[], Retokenizer | None]:
+    """Loads the policy's tokenizer when first called (None when the folder does not exist yet)."""
+    path = tokenizer_dir(settings)
+    return lambda: load(path) if os.path.isdir(path) else None
