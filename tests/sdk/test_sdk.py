@@ -211,7 +211,8 @@ def test_end_to_end_into_kafka(settings: Settings) -> None:
         finally:
             agentlake.tracer_provider().shutdown()
     records = read_topic(settings.kafka, settings.kafka.spans_topic, expect=1)
-    assert {r.key for r in records} == {b"roll-e2e"} and len(spans_of(records)) == 2
+    traces = {trace for trace, _ in spans_of(records)}
+    assert len(spans_of(records)) == 2 and {r.key.decode() for r in records} == traces  # keyed by trace id
     (late,) = read_topic(settings.kafka, settings.kafka.rewards_topic, expect=1)
     event = json.loads(late.value)
     assert event["rollout_id"] == "roll-e2e" and event["value"] == 1.0 and headers_of(late)["agentlake-tenant"]
