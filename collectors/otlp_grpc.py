@@ -3,9 +3,15 @@
 The handler takes the raw request bytes (no deserializer) so that it shares decoding, hashing
 and delivery with the HTTP receiver. Errors map to INVALID_ARGUMENT, UNAUTHENTICATED, and the
 retryable UNAVAILABLE / RESOURCE_EXHAUSTED that OTel exporters back off on.
+
+``grpc.health.v1.Health/Check`` answers what an export would get now: SERVING, or NOT_SERVING with
+the reason in the trailing metadata ``agentlake-reason`` (the same report as HTTP ``/health``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -14,6 +20,13 @@ from collectors.records import encode_response
 from collectors.service import Collector
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+# grpc.health.v1.HealthCheckResponse{status}: field 1, varint; SERVING = 1, NOT_SERVING = 2.
+SERVING = b"\x08\x01"
+NOT_SERVING = b"\x08\x02"
+SERVICE_UNKNOWN = b"\x08\x03"
+
+HealthCheck = Callable[[], Awaitable[dict[str, Any]]]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -35,7 +48,33 @@ def trace_service_handler(collector: Collector) -> grpc.GenericRpcHandler:
     )
 
 
-def create_server(collector: Collector) -> grpc.aio.Server:
+def _health_service_name(request: bytes) -> str:
+    """``HealthCheckRequest.service`` (field 1, a string); "" when absent or unreadable."""
+    if len(request) >= 2 and request[0] == 0x0A and request[1] < 0x80:
+        return request[2 : 2 + request[1]].decode("utf-8", "replace")
+    return ""
+
+
+def health_service_handler(health: HealthCheck) -> grpc.GenericRpcHandler:
+    """``grpc.health.v1.Health/Check`` for "" (the server) and the trace service."""
+
+    async def check(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if _health_service_name(request) not in ("", SERVICE):
+            return SERVICE_UNKNOWN
+        report = await health()
+        if report.get("status") == "ok":
+            return SERVING
+        reason = " ".join(str(report.get("reason", "unavailable")).split()).encode("ascii", "replace").decode()
+        context.set_trailing_metadata((("agentlake-reason", reason),))
+        return NOT_SERVING
+
+    return grpc.method_handlers_generic_handler(
+        HEALTH_SERVICE,
+        {"Check": grpc.unary_unary_rpc_method_handler(check, request_deserializer=None, response_serializer=None)},
+    )
+
+
+def create_server(collector: Collector, health: HealthCheck | None = None) -> grpc.aio.Server:
     """A grpc.aio server with the trace service and our body limit (larger bodies: RESOURCE_EXHAUSTED)."""
     limit = collector.settings.max_body_bytes
     server = grpc.aio.server(
@@ -45,5 +84,8 @@ def create_server(collector: Collector) -> grpc.aio.Server:
             ("grpc.so_reuseport", 0),
         ]
     )
-    server.add_generic_rpc_handlers((trace_service_handler(collector),))
+    handlers = [trace_service_handler(collector)]
+    if health is not None:
+        handlers.append(health_service_handler(health))
+    server.add_generic_rpc_handlers(tuple(handlers))
     return server

