@@ -139,8 +139,10 @@ def test_broker_restart_on_same_port(broker, tmp_path) -> None:
         assert server.sink.replacements >= 1  # type: ignore[attr-defined]
         print(f"recovered {recovered_s:.1f}s after the broker came back; {server.sink.replacements} replacement(s)")  # type: ignore[attr-defined]
 
-    in_kafka = spans_of(read_topic(kafka, kafka.spans_topic, expect=3 * len(acked), timeout=30))
+    in_kafka = spans_of(read_topic(kafka, kafka.spans_topic, timeout=30, idle=2.0))
     expected = [s for i in acked for s in span_ids(i)]
+    if len(in_kafka) > len(expected):  # a broker that keeps its log also kept what came before
+        expected += before
     assert len(in_kafka) == len(set(in_kafka)), "a span was written twice"
     assert sorted(in_kafka) == sorted(expected), "Kafka does not hold exactly the acknowledged requests"
 
