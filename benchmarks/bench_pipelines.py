@@ -9,8 +9,9 @@ the machine is shared and single runs swing.
     .venv/bin/python benchmarks/bench_pipelines.py --rollouts 10000 --runs 5
 
 Then the topic grows to ``--grow`` times as many rollouts and one more round runs on all of
-them: ingestion and the gold steps work in bounded batches and chunks, so their peak memory
-stays put while the tables grow.
+them (a backlog of that size in one run: ingestion and the gold steps work in bounded batches and
+chunks), and one more in the steady state: the last ``--rollouts`` arrive on a lake that already
+holds the others, so its peak memory shows what the table's size costs a run.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="agentlake-bench-")
     rounds: list[dict[str, Any]] = []
     grown: dict[str, Any] | None = None
+    steady: dict[str, Any] | None = None
     try:
         t0 = time.perf_counter()
         n_spans = produce_rollouts(
@@ -165,6 +167,11 @@ def main() -> None:
                 kafka, more, args.calls, args.prompt_len, args.response_len, first=args.rollouts, split=args.split
             )
             grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
+            # the steady state: the last --rollouts arrive on a lake that already holds the rest
+            base = Lake(os.path.join(root, "steady"))
+            records_before = more * (3 if args.split else 1)
+            in_child(lambda: _fill(base, kafka, -(-records_before // args.batch_records), args))
+            steady = one_round(kafka, base, os.path.join(root, "steady-scratch"), args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if broker is not None:
@@ -205,12 +212,23 @@ def main() -> None:
     if grown is not None:
         print()
         print("memory against table size (peak RSS MB, and how far it rose above the process's start)")
-        print(f"{'rollouts in the topic':<24}{'ingest':>16}{'gold':>16}{'spans/s':>12}{'rollouts/s':>12}")
-        for label, r in ((f"{last['rollouts']:,}", last), (f"{grown['rollouts']:,}", grown)):
+        print(f"{'rollouts':<24}{'ingest':>16}{'gold':>16}{'spans/s':>12}{'rollouts/s':>12}")
+        rows = [(f"{last['rollouts']:,} new", last), (f"{grown['rollouts']:,} new", grown)]
+        if steady is not None:
+            rows.append((f"{steady['rollouts']:,} new on {grown['rollouts'] - steady['rollouts']:,}", steady))
+        for label, r in rows:
             print(
                 f"{label:<24}{r['ingest_rss_mb']:>9.0f} (+{r['ingest_work_mb']:.0f}){r['gold_rss_mb']:>9.0f} "
                 f"(+{r['gold_work_mb']:.0f}){r['spans_s']:>12,.0f}{r['roll_s']:>12,.0f}"
             )
+
+
+def _fill(lake: Lake, kafka: KafkaSettings, batches: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest the topic's first ``batches`` batches and build their transitions (not measured)."""
+    ingest(lake, kafka, "spans", batch_records=args.batch_records, workers=args.workers, max_batches=batches)
+    update_trajectories(lake, kafka, idle_timeout_s=300)
+    update_transitions(lake, CreditSettings())
+    return {}
 
 
 def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Namespace) -> dict[str, Any]:
