@@ -24,6 +24,7 @@ from pipelines.lake import Lake, in_list
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import assemble, empty_rewards
 from pipelines.transitions import build
+from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
 
 TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
@@ -170,7 +171,8 @@ class _RolloutPlan:
                     self.first_day[t] = day
 
 
-_TOUCHED_COLUMNS = ["trace_id", "rollout_id", "day", "llm_response_id"]
+_TOUCHED_COLUMNS = ["trace_id", "rollout_id", "day", "llm_response_id", "service_name"]
+_GATEWAY = (pl.col("service_name") == A.GATEWAY_SERVICE_NAME).fill_null(False)
 
 
 def _plan_rollouts(
@@ -202,14 +204,21 @@ def _plan_rollouts(
             touched.append(spans.filter(hit).select(_TOUCHED_COLUMNS).collect())
     if touched:
         found = pl.concat(touched)
-        resp = found["llm_response_id"].drop_nulls().unique()
-        if resp.len():
-            # the other record of the same call, in another trace; both are recorded within moments
+        calls = found.filter(pl.col("llm_response_id").is_not_null())
+        by_client = calls.filter(~_GATEWAY)["llm_response_id"].unique().to_list()
+        by_gateway = calls.filter(_GATEWAY)["llm_response_id"].unique().to_list()
+        if by_client or by_gateway:
+            # the gateway's record of a client's call (or the other way round), in another trace;
+            # both are recorded within moments of each other
             since = found["day"].min() - dt.timedelta(days=1)  # type: ignore[operator]
-            twins = spans.filter((pl.col("day") >= since) & pl.col("llm_response_id").is_in(resp.to_list()))
-            found = pl.concat([found, twins.select(_TOUCHED_COLUMNS).collect()])
-        for tid, rid, day, _ in found.iter_rows():
-            plan.add(rid or tid, [tid], day)
+            twin = (_GATEWAY & pl.col("llm_response_id").is_in(by_client)) | (
+                ~_GATEWAY & pl.col("llm_response_id").is_in(by_gateway)
+            )
+            twins = spans.filter((pl.col("day") >= since) & twin).select(_TOUCHED_COLUMNS).collect()
+            found = pl.concat([found, twins])
+        pairs = found.group_by(pl.coalesce("rollout_id", "trace_id").alias("_r"), "trace_id").agg(pl.col("day").min())
+        for rid, tid, day in pairs.iter_rows():
+            plan.add(rid, [tid], day)
     if traj is not None:
         stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff)).select("rollout_id")
         named.update(stale.collect()["rollout_id"].to_list())
