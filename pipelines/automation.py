@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import time
+from typing import Any
 
 from dagster import (
     AssetSelection,
@@ -43,17 +45,40 @@ lake_automation_sensor = AutomationConditionSensorDefinition(
 VACUUM_RETENTION_HOURS = 168
 
 
-def pending(lake: Lake, table: str, topic: str, hints: dict[int, int]) -> bool:
-    """Whether the broker's end hints show records the table does not hold yet.
+def pending(lake: Lake, table: str, topic: str, hints: dict[int, int], consumer: Any | None = None) -> bool:
+    """Whether the broker holds records the table does not hold yet.
 
-    Kafka's end offset is the next offset; Tansu reports the last batch's base offset. Either way
-    ``hint > committed + 1`` means records are missing; equal hints on both brokers may still hide
-    a new single-record batch, which the cursor comparison catches.
+    First the end hints (ListOffsets): ``hint > next offset the lake expects`` means records are
+    missing. A hint can only say yes: Kafka's end offset is the next offset, Tansu's memory engine
+    reports the last batch's base, and its s3 engine (the durable local broker) reports 1 whatever
+    the log holds. So when no hint says yes and a ``consumer`` is given, the log itself is asked:
+    a fetch at the lake's next offset of each partition that returns a record means there is work.
     """
     _, where = positions(lake.table(table), topic, sorted(hints))
+    starts = {p: where[p].kafka_start or 0 for p in hints}
     for p, end in hints.items():
         # in the broker's offsets: after an accepted log reset, the lake's offsets are shifted by a base
-        if end > (where[p].kafka_start or 0):
+        if end > starts[p]:
+            return True
+    return consumer is not None and bool(starts) and records_at(consumer, topic, starts)
+
+
+def records_at(consumer: Any, topic: str, starts: dict[int, int], *, timeout_s: float = 1.5) -> bool:
+    """Whether a fetch at ``starts`` (partition -> offset) returns any record within ``timeout_s``.
+
+    ``consumer`` is a group-less kafka-python consumer (``make_consumer``); it is reassigned here.
+    An offset past the log's end (a log that went back) resets to the earliest record, so it
+    answers yes and the ingestion run reports the reset.
+    """
+    from kafka import TopicPartition
+
+    tps = {p: TopicPartition(topic, p) for p in starts}
+    consumer.assign(list(tps.values()))
+    for p, tp in tps.items():
+        consumer.seek(tp, starts[p])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(consumer.poll(timeout_ms=250, max_records=1).values()):
             return True
     return False
 
@@ -66,20 +91,22 @@ def pending(lake: Lake, table: str, topic: str, hints: dict[int, int]) -> bool:
 )
 def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: LakeResource) -> SensorResult:
     k = kafka.settings()
+    the_lake = lake.lake()
     consumer = make_consumer(k)
     try:
         hints = {
             "spans": end_offsets_hint(consumer, k.spans_topic),
             "rewards": end_offsets_hint(consumer, k.rewards_topic),
         }
+        seen = json.loads(context.cursor) if context.cursor else {}
+        now = {t: {str(p): o for p, o in h.items()} for t, h in hints.items()}
+        # the hints cannot be trusted to move (see `pending`): without a sign from them, fetch
+        new = now != seen or any(
+            pending(the_lake, t, k.spans_topic if t == "spans" else k.rewards_topic, h, consumer)
+            for t, h in hints.items()
+        )
     finally:
         consumer.close()
-    seen = json.loads(context.cursor) if context.cursor else {}
-    now = {t: {str(p): o for p, o in h.items()} for t, h in hints.items()}
-    the_lake = lake.lake()
-    new = now != seen or any(
-        pending(the_lake, t, k.spans_topic if t == "spans" else k.rewards_topic, h) for t, h in hints.items()
-    )
     committed = {
         t: the_lake.txns(t, [app_id(k.spans_topic if t == "spans" else k.rewards_topic, p) for p in h])
         for t, h in hints.items()

@@ -37,6 +37,8 @@ def up(
             settings, with_vllm=vllm, with_dagster=dagster, on_step=lambda part: spinner.update(f"starting {part}")
         )
     console.print(_render(rows))
+    if any(r.name == "broker" and "IN MEMORY" in r.detail for r in rows):
+        console.print(f"[yellow]warning:[/] {local.NO_WEED_WARNING}")
     console.print(f"logs: {local.state_dir(settings) / 'logs'}   stop with: agentlake down")
     console.print(f"other tools find this stack through {stack_file(local.state_dir(settings))}")
 

