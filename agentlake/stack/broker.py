@@ -223,12 +223,18 @@ class DurableBroker:
         self._start_tansu()
         self.restarts += 1
 
-    def stop(self) -> None:
-        for proc in (self._tansu, self._weed):
+    def stop(self, *, objectstore_timeout_s: float = 2.0) -> None:
+        """Stop Tansu, then SeaweedFS: SIGTERM, SIGKILL after the timeout.
+
+        SeaweedFS closes its volumes within a second of SIGTERM but then waits ~15 s for its S3
+        gateway's stream before closing the filer's store; this broker's data is a throwaway, so it is
+        killed after ``objectstore_timeout_s`` (``agentlake down`` lets it finish).
+        """
+        for proc, timeout_s in ((self._tansu, 15.0), (self._weed, objectstore_timeout_s)):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 try:
-                    proc.wait(15)
+                    proc.wait(timeout_s)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
