@@ -30,6 +30,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from schemas.uris import table_uri as _table_uri
 from trainer.errors import TrainerError
+from trainer.tables import open_table
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,8 @@ def table_uri(lake_root: str, table: str) -> str:
 
 def latest_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
     """The table's newest Delta version, or None when it does not exist yet."""
-    try:
-        return DeltaTable(uri, storage_options=storage_options or None).version()
-    except TableNotFoundError:
-        return None
+    table = open_table(uri, storage_options)
+    return None if table is None else table.version()
 
 
 def _filter_keys(

@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
 
 from schemas.tables import TRAINING_LINEAGE
 from schemas.uris import normalize_uri, table_uri
+from trainer.tables import open_table
 
 TABLE = "training_lineage"
 
@@ -37,10 +37,7 @@ class Lineage:
         self.storage_options = storage_options or None
 
     def _table(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.uri, storage_options=self.storage_options)
-        except TableNotFoundError:
-            return None
+        return open_table(self.uri, self.storage_options)
 
     def _read(self, columns: list[str], where: pds.Expression) -> pa.Table:
         table = self._table()

@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
 
 from schemas.tables import MODEL_VERSIONS
 from schemas.uris import normalize_uri, same_location, table_uri
 from trainer.errors import RegistryError
+from trainer.tables import open_table
 
 TABLE = "model_versions"
 Status = Literal["pending", "published", "failed", "rejected", "rolled_back"]
@@ -46,10 +46,7 @@ class Registry:
         self.storage_options = storage_options or None
 
     def _table(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.uri, storage_options=self.storage_options)
-        except TableNotFoundError:
-            return None
+        return open_table(self.uri, self.storage_options)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every version, oldest first."""
