@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from agentlake.stack.broker import LocalBroker, ensure_topics
+from agentlake.stack.broker import LocalBroker
 from schemas.config import KafkaSettings, Settings, load_settings
+from tests.topics import fresh_kafka
 
 pytest_plugins = ["tests.fixtures_vllm"]
 
@@ -29,16 +29,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture()
 def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
     """Kafka settings with topics unique to this test, already created."""
-    suffix = uuid.uuid4().hex[:8]
-    settings = KafkaSettings(
-        bootstrap_servers=kafka_bootstrap,
-        spans_topic=f"test.spans.{suffix}",
-        rewards_topic=f"test.rewards.{suffix}",
-        models_topic=f"test.models.{suffix}",
-        partitions=4,
-    )
-    ensure_topics(settings, kafka_bootstrap)
-    return settings
+    return fresh_kafka(kafka_bootstrap)
 
 
 @pytest.fixture()

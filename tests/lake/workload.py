@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -766,18 +765,10 @@ class FixedBroker:
 
 def lake_settings(bootstrap: str, root: Path, tokenizer: Path | None, partitions: int = 4) -> Any:
     """Settings for one example: fresh topics on ``bootstrap``, a fresh lake and state under ``root``."""
-    from agentlake.stack.broker import ensure_topics
-    from schemas.config import KafkaSettings, load_settings
+    from schemas.config import load_settings
+    from tests.topics import fresh_kafka
 
-    suffix = uuid.uuid4().hex[:8]
-    kafka = KafkaSettings(
-        bootstrap_servers=bootstrap,
-        spans_topic=f"lake.spans.{suffix}",
-        rewards_topic=f"lake.rewards.{suffix}",
-        models_topic=f"lake.models.{suffix}",
-        partitions=partitions,
-    )
-    ensure_topics(kafka, bootstrap)
+    kafka = fresh_kafka(bootstrap, prefix="lake", partitions=partitions)
     overrides: dict[str, Any] = {
         "state": {"dir": str(root / "state")},
         "lake": {"root": str(root / "lake")},

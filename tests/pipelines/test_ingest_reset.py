@@ -9,7 +9,6 @@ stop with a message, and continue from the new log's first record once the reset
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import polars as pl
@@ -23,6 +22,7 @@ from pipelines.lake import Lake
 from schemas.config import KafkaSettings
 from schemas.errors import LogResetError
 from tests.pipelines.otel import Call, Rollout, make_spans, span_record
+from tests.topics import fresh_kafka
 
 pytestmark = pytest.mark.kafka
 
@@ -52,16 +52,7 @@ def _send(k: KafkaSettings, recs: list[dict]) -> None:
 
 
 def _settings(bootstrap: str) -> KafkaSettings:
-    suffix = uuid.uuid4().hex[:8]
-    k = KafkaSettings(
-        bootstrap_servers=bootstrap,
-        spans_topic=f"reset.spans.{suffix}",
-        rewards_topic=f"reset.rewards.{suffix}",
-        models_topic=f"reset.models.{suffix}",
-        partitions=PARTITIONS,
-    )
-    ensure_topics(k, bootstrap)
-    return k
+    return fresh_kafka(bootstrap, prefix="reset", partitions=PARTITIONS)
 
 
 def _cli(args: list[str], lake: Lake, k: KafkaSettings, tmp_path: Path) -> Result:
