@@ -43,6 +43,7 @@ from agentlake.stack.broker import (
 from agentlake.stack.health import http_ok, kafka_ok
 from agentlake.stack.processes import StackError
 from schemas.config import STACK_FILE_VERSION, Settings, stack_file
+from schemas.uris import normalize_uri
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +166,7 @@ def write_stack_file(settings: Settings, bootstrap: str) -> Path:
             vllm_port = int(procs["vllm"]["address"].rsplit(":", 1)[1].split("/")[0])
         except (IndexError, ValueError):
             pass
-    lake_root = settings.lake.root if "://" in settings.lake.root else str(Path(settings.lake.root).resolve())
+    lake_root = normalize_uri(settings.lake.root)  # one spelling per lake, as every table location
     doc = {
         "version": STACK_FILE_VERSION,
         "written_at": time.time(),
