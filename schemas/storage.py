@@ -1,0 +1,96 @@
+"""One translation of the lake's storage options for every client that is not delta-rs.
+
+Settings hold the object-store credentials once, in delta-rs's spelling (``lake.storage_options``:
+``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_ALLOW_HTTP``, ``GOOGLE_SERVICE_ACCOUNT``,
+``AZURE_STORAGE_ACCOUNT_NAME`` ...). Files that are not Delta tables (checkpoints, adapters) go
+through a pyarrow filesystem built here from the same options, so a lake on S3, GCS or Azure needs
+no second set of credentials.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from schemas.uris import is_local, local_path, normalize_uri
+
+
+def _opts(storage_options: Mapping[str, str] | None) -> dict[str, str]:
+    return {k.upper(): str(v) for k, v in (storage_options or {}).items()}
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem for ``uri`` and the path inside it (``bucket/key`` for object stores)."""
+    if is_local(uri):
+        return pafs.LocalFileSystem(), local_path(uri)
+    norm = normalize_uri(uri)
+    scheme, rest = norm.split("://", 1)
+    opts = _opts(storage_options)
+    if scheme == "s3":
+        endpoint = opts.get("AWS_ENDPOINT_URL") or opts.get("AWS_ENDPOINT") or ""
+        kwargs: dict[str, object] = {}
+        if endpoint:
+            kwargs["endpoint_override"] = endpoint.split("://", 1)[-1]
+            kwargs["scheme"] = "http" if endpoint.startswith("http://") else "https"
+        if "AWS_ACCESS_KEY_ID" in opts:
+            kwargs["access_key"] = opts["AWS_ACCESS_KEY_ID"]
+            kwargs["secret_key"] = opts.get("AWS_SECRET_ACCESS_KEY", "")
+            if "AWS_SESSION_TOKEN" in opts:
+                kwargs["session_token"] = opts["AWS_SESSION_TOKEN"]
+        region = opts.get("AWS_REGION") or opts.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region
+        if endpoint:
+            kwargs["force_virtual_addressing"] = _truthy(opts.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"))
+        return pafs.S3FileSystem(**kwargs), rest  # type: ignore[arg-type]
+    if scheme in ("gs", "gcs"):
+        return pafs.GcsFileSystem(), rest
+    if scheme in ("az", "azure", "abfs", "abfss"):
+        account = opts.get("AZURE_STORAGE_ACCOUNT_NAME") or opts.get("AZURE_STORAGE_ACCOUNT") or ""
+        key = opts.get("AZURE_STORAGE_ACCOUNT_KEY") or opts.get("AZURE_STORAGE_ACCESS_KEY")
+        container_path = rest.split("@", 1)[0] + rest[rest.index("/") :] if "@" in rest else rest
+        return pafs.AzureFileSystem(account_name=account, account_key=key), container_path  # type: ignore[attr-defined]
+    raise ValueError(f"{uri!r}: no filesystem for the scheme {scheme!r} (use s3://, gs://, az:// or a local path)")
+
+
+def upload_dir(local_dir: str | os.PathLike[str], uri: str, storage_options: Mapping[str, str] | None = None) -> int:
+    """Copy every file under ``local_dir`` to ``uri`` (same relative paths); return the bytes copied."""
+    fs, base = filesystem(uri, storage_options)
+    src = Path(local_dir)
+    total = 0
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        rel = path.relative_to(src).as_posix()
+        dest = posixpath.join(base, rel)
+        fs.create_dir(posixpath.dirname(dest), recursive=True)
+        with open(path, "rb") as fin, fs.open_output_stream(dest) as fout:
+            while chunk := fin.read(8 << 20):
+                fout.write(chunk)
+                total += len(chunk)
+    return total
+
+
+def download_dir(uri: str, local_dir: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None) -> int:
+    """Copy every file under ``uri`` into ``local_dir``; return the number of files (0: nothing there)."""
+    fs, base = filesystem(uri, storage_options)
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    out = Path(local_dir)
+    n = 0
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        rel = posixpath.relpath(info.path, base)
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with fs.open_input_stream(info.path) as fin, open(dest, "wb") as fout:
+            while chunk := fin.read(8 << 20):
+                fout.write(chunk)
+        n += 1
+    return n
