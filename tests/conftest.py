@@ -9,6 +9,7 @@ import pytest
 
 from agentlake.stack.broker import LocalBroker
 from schemas.config import KafkaSettings, Settings, load_settings
+from tests.objectstore import ObjectStore
 from tests.topics import fresh_kafka
 
 pytest_plugins = ["tests.fixtures_vllm"]
@@ -24,6 +25,16 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
     with LocalBroker(log_path=log) as broker:
         yield broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
+    """A real S3 object store (local SeaweedFS) for the whole session; lakes on it via ``lake_root()``."""
+    store = ObjectStore(tmp_path_factory.mktemp("objectstore"))
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 @pytest.fixture()

@@ -4,7 +4,10 @@ It holds the durable broker's log (a bucket Tansu writes with ``--storage-engine
 ``weed server`` runs master, volume, filer and S3 gateway in one process; its data stays under
 ``<state>/objectstore`` and its ports are recorded in ``<state>/objectstore.ports`` and reused while
 free, so a restarted store answers where clients (the broker) expect it. It answers S3 about 10 s
-after starting. Anonymous by default: configure keys before exposing it beyond this machine.
+after starting. It takes signed requests only, from one identity (``ACCESS_KEY``/``SECRET_KEY``,
+written to ``<data>/s3.json``): anonymous requests get 403. Measured here: without an identity it
+accepts any key for single PUTs but refuses multipart uploads (pyarrow's), and stores anonymous
+aws-chunked bodies with their chunk framing. It listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from agentlake.stack.processes import StackError
 OBJECTSTORE_DIR = "objectstore"
 PORTS_FILE = "objectstore.ports"
 BROKER_BUCKET = "tansu"
-# SeaweedFS without an S3 identity config accepts any key; Tansu's S3 client needs one to sign with.
+LAKE_BUCKET = "agentlake-lake"  # the default lake: s3://agentlake-lake/ on the same store
+# The store's one identity (its S3 config file): every client (Tansu, delta-rs, DuckDB, pyarrow) signs with it.
 ACCESS_KEY = "agentlake"
 SECRET_KEY = "agentlake"
 REGION = "us-east-1"
@@ -63,8 +67,26 @@ def write_ports(path: Path, ports: dict[str, int]) -> None:
     path.write_text(json.dumps(ports, indent=2) + "\n")
 
 
+def write_s3_config(data_dir: Path) -> Path:
+    """The S3 gateway's identity file: one admin identity with ``ACCESS_KEY``/``SECRET_KEY``."""
+    doc = {
+        "identities": [
+            {
+                "name": "agentlake",
+                "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    path = data_dir / "s3.json"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
 def weed_argv(weed: str, data_dir: Path, ports: dict[str, int], host: str = "127.0.0.1") -> list[str]:
     """``weed server``: master + volume + filer + S3 gateway in one process, data under ``data_dir``."""
+    s3_config = write_s3_config(data_dir)
     return [
         weed,
         "server",
@@ -87,6 +109,7 @@ def weed_argv(weed: str, data_dir: Path, ports: dict[str, int], host: str = "127
         f"-s3.port.grpc={ports['s3_grpc']}",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
+        f"-s3.config={s3_config}",
     ]
 
 
@@ -99,16 +122,28 @@ def s3_ok(endpoint: str, *, timeout_s: float = 2.0) -> bool:
 
 
 def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0) -> None:
-    """Create ``bucket`` (``PUT /<bucket>``) once the gateway takes it; an existing one is fine."""
+    """Create ``bucket`` (a signed ``PUT /<bucket>``) once the gateway takes it; an existing one is fine."""
+    import pyarrow.fs as pafs
+
+    fs = pafs.S3FileSystem(
+        endpoint_override=endpoint.split("://", 1)[-1],
+        scheme="https" if endpoint.startswith("https") else "http",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        region=REGION,
+        allow_bucket_creation=True,
+        connect_timeout=5,
+        request_timeout=5,
+    )
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         try:
-            r = httpx.put(f"{endpoint}/{bucket}", timeout=5)
-            if r.is_success or r.status_code == 409:  # 409: BucketAlreadyExists / OwnedByYou
+            fs.create_dir(bucket)
+            if fs.get_file_info(bucket).type == pafs.FileType.Directory:
                 return
-            last = f"HTTP {r.status_code}: {r.text[:200]}"
-        except httpx.HTTPError as exc:
+            last = "created, but not listed yet"
+        except OSError as exc:
             last = str(exc)
         time.sleep(0.3)
     raise StackError(f"the object store at {endpoint} did not create bucket {bucket!r} in {timeout_s:.0f}s: {last}")
@@ -121,5 +156,16 @@ def s3_env(endpoint: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_DEFAULT_REGION": REGION,
         "AWS_ENDPOINT": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
+def lake_storage_options(endpoint: str) -> dict[str, str]:
+    """delta-rs storage options (the lake's ``lake.storage_options``) for a bucket of this store."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": REGION,
         "AWS_ALLOW_HTTP": "true",
     }
