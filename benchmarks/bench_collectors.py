@@ -1,9 +1,11 @@
 """Collector throughput and latency: OTLP/HTTP and OTLP/gRPC into a real broker, vs raw produce.
 
-    .venv/bin/python benchmarks/bench_collectors.py [--seconds 3] [--batches 1,64,512] [--gateway URL]
+    .venv/bin/python benchmarks/bench_collectors.py [--seconds 3] [--batches 1,64,512] [--runs 3]
+        [--brokers memory,durable] [--gateway URL]
 
-Starts a local Tansu broker and ``python -m collectors`` as a subprocess (acks=all, idempotent
-producer), then for each batch size sends OTLP requests of small spans (traces of 8 spans) from
+For each broker (``memory``: Tansu with its log in memory; ``durable``: Tansu on the local SeaweedFS,
+the default of `agentlake up`) starts the broker and ``python -m collectors`` as a subprocess
+(acks=all, idempotent producer), then for each batch size sends OTLP requests of small spans (traces of 8 spans) from
 ``--clients`` threads for ``--seconds`` and reports acknowledged spans/s and request latency
 p50/p99. The ceiling is kafka-python producing the very same record bytes (acks=all) in this
 process; the ratio column is collector / ceiling. ``--gateway`` (a vLLM URL) also measures the
@@ -18,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,7 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentlake.stack.broker import LocalBroker, ensure_topics, free_port  # noqa: E402
+from agentlake.stack.broker import DurableBroker, LocalBroker, ensure_topics, free_port  # noqa: E402
 from collectors.records import split_traces  # noqa: E402
 from schemas.config import KafkaSettings  # noqa: E402
 
@@ -161,16 +164,30 @@ def gateway_overhead(vllm_url: str, gateway_url: str, n: int = 30) -> tuple[floa
         return p50(vllm_url), p50(gateway_url)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--batches", default="1,64,512")
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--max-rate", type=int, default=60_000, help="spans/s to prepare distinct bodies for")
-    ap.add_argument("--gateway", metavar="VLLM_URL", help="also measure gateway overhead against this vLLM")
-    args = ap.parse_args()
+def start_broker(kind: str, workdir: Path) -> LocalBroker | DurableBroker:
+    """The memory broker (Tansu, log in memory) or the durable one (Tansu on the local SeaweedFS)."""
+    if kind == "memory":
+        return LocalBroker().start()
+    return DurableBroker(workdir).start()
+
+
+def wait_healthy(url: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} did not become healthy")
+        time.sleep(0.2)
+
+
+def measure(kind: str, args: argparse.Namespace, workdir: Path, seq: itertools.count) -> list[dict[str, object]]:
+    """One broker of ``kind``, a collector on it, every (batch, protocol) cell with its raw ceiling."""
     batches = [int(b) for b in args.batches.split(",")]
-    broker = LocalBroker().start()
+    broker = start_broker(kind, workdir / kind)
     kafka = KafkaSettings(
         bootstrap_servers=broker.bootstrap,
         spans_topic="bench.spans",
@@ -194,25 +211,9 @@ def main() -> None:
     procs = [subprocess.Popen([sys.executable, "-m", "collectors"], env=env, stderr=subprocess.DEVNULL)]
     if args.gateway:
         procs.append(subprocess.Popen([sys.executable, "-m", "collectors.gateway"], env=env, stderr=subprocess.DEVNULL))
+    rows: list[dict[str, object]] = []
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{http_port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("collector did not become healthy")
-            time.sleep(0.2)
-        print(
-            f"collector: OTLP/HTTP :{http_port}, OTLP/gRPC :{grpc_port}; broker {broker.bootstrap}; "
-            f"{args.clients} client threads, {args.seconds:.0f}s per cell, traces of {SPANS_PER_TRACE} spans"
-        )
-        print(
-            f"{'protocol':8} {'batch':>5} {'spans/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
-            f"{'raw spans/s':>12} {'ratio':>6}"
-        )
+        wait_healthy(f"http://127.0.0.1:{http_port}/health")
         http = httpx.Client(
             base_url=f"http://127.0.0.1:{http_port}", timeout=30, limits=httpx.Limits(max_connections=args.clients * 2)
         )
@@ -232,7 +233,6 @@ def main() -> None:
             except grpc.RpcError:
                 return False
 
-        seq = itertools.count()
         for batch in batches:
             pool = int(args.max_rate * args.seconds / batch) + 20
             raw = raw_ceiling(
@@ -246,21 +246,82 @@ def main() -> None:
                 bodies = [make_body(batch, next(seq)) for _ in range(pool)]
                 send(bodies.pop())
                 rate, lat, errors = drive(send, bodies, batch, args.seconds, args.clients)
-                print(
-                    f"{name:8} {batch:>5} {rate:>10,.0f} {percentile(lat, 0.5):>8.2f} {percentile(lat, 0.99):>8.2f} "
-                    f"{errors:>6} {raw:>12,.0f} {rate / raw:>6.2f}"
+                rows.append(
+                    dict(
+                        broker=kind,
+                        protocol=name,
+                        batch=batch,
+                        rate=rate,
+                        p50=percentile(lat, 0.5),
+                        p99=percentile(lat, 0.99),
+                        errors=errors,
+                        raw=raw,
+                    )
                 )
         if args.gateway:
             direct, through = gateway_overhead(args.gateway, f"http://127.0.0.1:{gw_port}")
             print(
-                f"gateway: vLLM direct p50 {direct:.1f} ms, through gateway p50 {through:.1f} ms, "
+                f"gateway ({kind} broker): vLLM direct p50 {direct:.1f} ms, through gateway p50 {through:.1f} ms, "
                 f"overhead {through - direct:.1f} ms"
             )
+        channel.close()
+        http.close()
     finally:
         for p in procs:
             p.terminate()
             p.wait(30)
         broker.stop()
+    return rows
+
+
+def median_rows(runs: list[list[dict[str, object]]]) -> list[dict[str, object]]:
+    """Per cell, the median of each figure over the runs (errors summed)."""
+    out = []
+    for cells in zip(*runs, strict=True):
+        first = cells[0]
+        row = dict(first)
+        for key in ("rate", "p50", "p99", "raw"):
+            row[key] = statistics.median(float(c[key]) for c in cells)  # type: ignore[arg-type]
+        row["ratio"] = statistics.median(float(c["rate"]) / float(c["raw"]) for c in cells)  # type: ignore[arg-type]
+        row["errors"] = sum(int(c["errors"]) for c in cells)  # type: ignore[call-overload]
+        out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--batches", default="1,64,512")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--brokers", default="memory,durable", help="which local brokers to measure, in this run")
+    ap.add_argument("--runs", type=int, default=1, help="runs per broker; the table shows medians")
+    ap.add_argument("--max-rate", type=int, default=60_000, help="spans/s to prepare distinct bodies for")
+    ap.add_argument("--gateway", metavar="VLLM_URL", help="also measure gateway overhead against this vLLM")
+    args = ap.parse_args()
+    kinds = [k.strip() for k in args.brokers.split(",") if k.strip()]
+    for k in kinds:
+        if k not in ("memory", "durable"):
+            raise SystemExit(f"--brokers: unknown broker {k!r}; use memory and/or durable")
+    seq = itertools.count()
+    print(
+        f"{args.clients} client threads, {args.seconds:.0f}s per cell, traces of {SPANS_PER_TRACE} spans, "
+        f"{args.runs} run(s) per broker (medians); ceiling = kafka-python producing the same records (acks=all) "
+        "into the same broker in the same run"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-collectors-") as tmp:
+        table: list[dict[str, object]] = []
+        for kind in kinds:
+            runs = [measure(kind, args, Path(tmp) / f"run{r}", seq) for r in range(args.runs)]
+            table.extend(median_rows(runs))
+    print(
+        f"{'broker':8} {'protocol':8} {'batch':>5} {'spans/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+        f"{'raw spans/s':>12} {'ratio':>6}"
+    )
+    for r in table:
+        print(
+            f"{r['broker']:8} {r['protocol']:8} {r['batch']:>5} {r['rate']:>10,.0f} {r['p50']:>8.2f} "
+            f"{r['p99']:>8.2f} {r['errors']:>6} {r['raw']:>12,.0f} {r['ratio']:>6.2f}"
+        )
 
 
 if __name__ == "__main__":
