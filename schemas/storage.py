@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
 from schemas.uris import is_local, local_path, normalize_uri
+
+CHUNK = 8 << 20  # bytes per read and write when copying files
 
 
 def _opts(storage_options: Mapping[str, str] | None) -> dict[str, str]:
@@ -61,17 +63,25 @@ def filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> tu
     raise ValueError(f"{uri!r}: no filesystem for the scheme {scheme!r} (use s3://, gs://, az:// or a local path)")
 
 
-def upload_dir(local_dir: str | os.PathLike[str], uri: str, storage_options: Mapping[str, str] | None = None) -> int:
-    """Copy every file under ``local_dir`` to ``uri`` (same relative paths); return the bytes copied."""
+def upload_dir(
+    local_dir: str | os.PathLike[str],
+    uri: str,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    exclude: Collection[str] = (),
+) -> int:
+    """Copy every file under ``local_dir`` to ``uri`` (same relative paths) but ``exclude``; the bytes copied."""
     fs, base = filesystem(uri, storage_options)
     src = Path(local_dir)
     total = 0
     for path in sorted(p for p in src.rglob("*") if p.is_file()):
         rel = path.relative_to(src).as_posix()
+        if rel in exclude:
+            continue
         dest = posixpath.join(base, rel)
         fs.create_dir(posixpath.dirname(dest), recursive=True)
         with open(path, "rb") as fin, fs.open_output_stream(dest) as fout:
-            while chunk := fin.read(8 << 20):
+            while chunk := fin.read(CHUNK):
                 fout.write(chunk)
                 total += len(chunk)
     return total
@@ -90,7 +100,46 @@ def download_dir(uri: str, local_dir: str | os.PathLike[str], storage_options: M
         dest = out / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         with fs.open_input_stream(info.path) as fin, open(dest, "wb") as fout:
-            while chunk := fin.read(8 << 20):
+            while chunk := fin.read(CHUNK):
                 fout.write(chunk)
         n += 1
     return n
+
+
+def download_file(
+    uri: str,
+    dest: str | os.PathLike[str],
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    on_chunk: Callable[[bytes], object] | None = None,
+) -> int | None:
+    """Copy one object to ``dest``, passing each chunk to ``on_chunk`` (a hash); the bytes, None when absent."""
+    fs, path = filesystem(uri, storage_options)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    total = 0
+    with fs.open_input_stream(path) as fin, open(dest, "wb") as fout:
+        while chunk := fin.read(CHUNK):
+            if on_chunk is not None:
+                on_chunk(chunk)
+            fout.write(chunk)
+            total += len(chunk)
+    return total
+
+
+def read_bytes(uri: str, storage_options: Mapping[str, str] | None = None) -> bytes | None:
+    """The whole object at ``uri`` (meant for small files: manifests), or None when there is none."""
+    fs, path = filesystem(uri, storage_options)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as fin:
+        return bytes(fin.read())
+
+
+def write_bytes(uri: str, data: bytes, storage_options: Mapping[str, str] | None = None) -> None:
+    """Write ``data`` as the object at ``uri`` (replacing it), creating parent folders on a local path."""
+    fs, path = filesystem(uri, storage_options)
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as fout:
+        fout.write(data)

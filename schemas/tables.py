@@ -198,14 +198,14 @@ TRANSITIONS = _versioned(
 
 MODEL_VERSIONS = _versioned(
     "model_versions",
-    1,
+    2,
     [
         pa.field("version", pa.string(), nullable=False),  # "v0001", ...
         pa.field("version_number", pa.int64(), nullable=False),
         pa.field("parent_version", pa.string()),
         pa.field("base_model", pa.string(), nullable=False),
         pa.field("kind", pa.string(), nullable=False),  # "lora" | "full"
-        pa.field("path", pa.string(), nullable=False),  # adapter or weights folder
+        pa.field("path", pa.string(), nullable=False),  # adapter or weights folder on the trainer's disk
         pa.field("served_name", pa.string()),
         pa.field("train_table", pa.string()),
         pa.field("train_version_start", pa.int64()),
@@ -217,6 +217,10 @@ MODEL_VERSIONS = _versioned(
         pa.field("publish_error", pa.string()),
         pa.field("created_at", _ts, nullable=False),
         pa.field("published_at", _ts),
+        # v2: where the version's files are stored and the sha256 of their manifest (trainer.artifacts);
+        # null in rows written before v2 (an older table gains the columns on its next write).
+        pa.field("artifact_uri", pa.string()),
+        pa.field("manifest_sha256", pa.string()),
     ],
 )
 

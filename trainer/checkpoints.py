@@ -5,6 +5,7 @@
         model.safetensors + config.json + tokenizer files  (full fine-tune, a servable HF folder)
         checkpoint.json   {"version", "parent_version", "config", "metrics", "data", ...}
         optimizer.pt      AdamW state, so the next version can resume the moments
+        manifest.json     sha256 and size of every other file (trainer.artifacts stores and checks it)
 
 A folder is written under a temporary name and renamed into place, so vLLM never sees half of one.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from trainer.artifacts import write_manifest
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 
@@ -48,6 +50,7 @@ def save_checkpoint(
     (tmp / META_FILE).write_text(json.dumps({**meta, "config": cfg.to_dict()}, indent=2, default=str))
     if optimizer is not None and cfg.save_optimizer:
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+    write_manifest(tmp)  # last: it hashes every file above
     tmp.rename(final)
     return final
 

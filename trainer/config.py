@@ -60,7 +60,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # "auto": cuda when present, else cpu
     # output
-    checkpoint_dir: str = ".agentlake/lake/models"  # each version in <checkpoint_dir>/<version>
+    # each version in <checkpoint_dir>/<version>; on an object-store lake also uploaded (trainer.artifacts)
+    checkpoint_dir: str = ".agentlake/lake/models"
     save_optimizer: bool = True
     progress: bool = True
 
@@ -110,11 +111,8 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
             f"trainer.lora_rank ({t.lora_rank}) is above vllm.max_lora_rank ({settings.vllm.max_lora_rank}); "
             "vLLM would refuse the adapter: lower one or raise the other"
         )
-    lake_root = settings.lake.root
-    # vLLM loads adapters from a local folder, so an object-store lake keeps checkpoints in state.
-    ckpt_root = Path(local_path(lake_root)) if is_local(lake_root) else settings.state.dir
     values: dict[str, Any] = dict(
-        lake_root=lake_root,
+        lake_root=settings.lake.root,
         storage_options=dict(settings.lake.storage_options),
         min_new_transitions=t.min_new_transitions,
         base_model=settings.model.base,
@@ -133,6 +131,15 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         max_seq_len=t.max_seq_len,
         max_grad_norm=t.max_grad_norm,
         seed=t.seed,
-        checkpoint_dir=str(ckpt_root / "models"),
+        checkpoint_dir=str(local_model_dir(settings)),
     )
     return TrainConfig.from_dict({**values, **overrides})
+
+
+def local_model_dir(settings: Settings) -> Path:
+    """Where version folders live on this machine: ``<lake>/models`` for a local lake (the folders are
+    the stored artifacts, ``trainer.artifacts``), else ``<state dir>/models`` (vLLM loads local paths;
+    the lake's object store holds the uploaded copy, and downloads of versions land here too)."""
+    root = settings.lake.root
+    base = Path(local_path(root)) if is_local(root) else settings.state.dir.expanduser().absolute()
+    return base / "models"

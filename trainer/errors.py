@@ -3,6 +3,7 @@
 AgentlakeError (schemas.errors)
 └── TrainerError          bad trainer config, no data, a missing base model
     ├── RegistryError     the model_versions table has no such version, or a bad state change
+    ├── ArtifactError     a version's stored files are missing or do not match their manifest
     └── PublishError      vLLM refused or could not be reached; serving is unchanged
 """
 
@@ -17,6 +18,10 @@ class TrainerError(AgentlakeError):
 
 class RegistryError(TrainerError):
     """A model version is unknown, or a status change is not allowed."""
+
+
+class ArtifactError(TrainerError):
+    """A model version's files could not be stored, found, or verified against their manifest."""
 
 
 class PublishError(TrainerError):

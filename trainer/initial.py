@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from schemas.config import Settings
+from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint
 from trainer.config import config_from_settings
 from trainer.publish import Publisher
@@ -43,6 +44,7 @@ def ensure_initial_policy(settings: Settings, *, vllm_url: str | None = None) ->
         cfg=cfg,
         meta={"version": version, "parent_version": None, "base_model": cfg.base_model, "initial": True},
     )
+    stored = store_version(path, lake_root=cfg.lake_root, version=version, storage_options=cfg.storage_options)
     registry.add(
         version=version,
         version_number=number,
@@ -56,7 +58,9 @@ def ensure_initial_policy(settings: Settings, *, vllm_url: str | None = None) ->
         train_version_end=None,
         n_transitions=0,
         config=cfg.to_dict(),
-        metrics={"initial": 1.0},
+        metrics={"initial": 1.0, **stored.metrics()},
+        artifact_uri=stored.uri,
+        manifest_sha256=stored.manifest_sha256,
     )
     publisher.publish(version)
     log.info("published %s (identity adapter over %s) as %s", version, cfg.base_model, cfg.served_name)

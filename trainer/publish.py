@@ -12,6 +12,11 @@ passes one that stops and starts the local vLLM), wait for health, resume the ga
 Optional evaluation gate: the candidate is loaded under a temporary name and scored next to the
 serving version on held-out tasks; it is published only if it is not worse, else ``rejected``.
 
+vLLM loads a local folder: each version's comes from ``trainer.artifacts.local_copy`` (the
+trainer's own copy, or a download from the lake's object store into ``cache_dir``, verified against
+the manifest hash in the registry), so `agentlake model publish|rollback` works on a host that did
+not train the version, and a changed or corrupt stored file is refused by name.
+
 Failure: nothing about serving changes (an in-place load that failed is followed by re-loading
 the serving version's folder), the row becomes ``failed`` with the error, a ``failed`` release
 event goes out, and ``PublishError`` is raised. Rollback re-loads the previous version's folder.
@@ -34,7 +39,8 @@ from schemas import topics
 from schemas.config import KafkaSettings, Settings
 from schemas.tables import MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
-from trainer.errors import PublishError, RegistryError
+from trainer.artifacts import local_copy
+from trainer.errors import ArtifactError, PublishError, RegistryError
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -201,10 +207,14 @@ class Publisher:
     restart: Callable[[str], None] | None = None  # full weights: restart vLLM on this folder
     eval_tasks: Sequence[EvalTask] = ()
     timeout_s: float = 120.0
+    cache_dir: Path = Path(".agentlake/models")  # where versions fetched from the lake are kept
 
     @classmethod
     def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
+        from trainer.config import local_model_dir
+
         gw = settings.gateway
+        kwargs.setdefault("cache_dir", local_model_dir(settings))
         return cls(
             registry=Registry(settings.lake.root, dict(settings.lake.storage_options)),
             vllm_url=vllm_url or settings.vllm.url,
@@ -222,15 +232,16 @@ class Publisher:
         t0 = time.perf_counter()
         scores: dict[str, float] = {}
         try:
+            folder = self.local_folder(row)
             if row["kind"] == "lora":
-                self._check_adapter(client, row)
+                self._check_adapter(client, folder)
                 if self.eval_tasks:
-                    scores = self._evaluate(client, row, serving)
+                    scores = self._evaluate(client, row, folder, serving)
                     if scores["candidate"] < scores["serving"]:
                         return self._finish(row, "rejected", t0, serving, scores, error="worse than serving")
-                client.load_lora(self.served_name, row["path"], inplace=True)
+                client.load_lora(self.served_name, folder, inplace=True)
             else:
-                self._publish_full(client, row)
+                self._publish_full(client, folder)
         except PublishError as exc:
             self._restore(client, row, serving)
             self._finish(row, "failed", t0, serving, scores, error=str(exc))
@@ -260,10 +271,11 @@ class Publisher:
         client = VllmClient(self.vllm_url, timeout_s=self.timeout_s)
         t0 = time.perf_counter()
         try:
+            folder = self.local_folder(target)
             if target["kind"] == "lora":
-                client.load_lora(self.served_name, target["path"], inplace=True)
+                client.load_lora(self.served_name, folder, inplace=True)
             else:
-                self._publish_full(client, target)
+                self._publish_full(client, folder)
         except PublishError as exc:
             self.registry.set_status(current["version"], "published", error=f"rollback failed: {exc}")
             raise
@@ -276,11 +288,18 @@ class Publisher:
         return PublishResult(to_version, "rolled_back", time.perf_counter() - t0, current["version"], event_error=err)
 
     # -- steps ----------------------------------------------------------------------------------
-    def _check_adapter(self, client: VllmClient, row: dict[str, Any]) -> None:
+    def local_folder(self, row: dict[str, Any]) -> str:
+        """The version's folder on this machine, fetched from the lake and verified when it is not here."""
+        try:
+            return str(local_copy(row, cache_dir=self.cache_dir, storage_options=self.registry.storage_options))
+        except ArtifactError as exc:
+            raise PublishError(str(exc)) from exc
+
+    def _check_adapter(self, client: VllmClient, folder: str) -> None:
         """Fail early, before vLLM is touched, on a missing folder or a shadowed served name."""
-        missing = [f for f in ADAPTER_FILES if not (Path(row["path"]) / f).exists()]
+        missing = [f for f in ADAPTER_FILES if not (Path(folder) / f).exists()]
         if missing:
-            raise PublishError(f"{row['path']} lacks {', '.join(missing)}; is it a LoRA checkpoint?")
+            raise PublishError(f"{folder} lacks {', '.join(missing)}; is it a LoRA checkpoint?")
         for m in client.models():
             if m.get("id") == self.served_name and not m.get("parent"):
                 raise PublishError(
@@ -288,10 +307,12 @@ class Publisher:
                     "that name; set model.base_served_name (vLLM's --served-model-name) to another name"
                 )
 
-    def _evaluate(self, client: VllmClient, row: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, float]:
+    def _evaluate(
+        self, client: VllmClient, row: dict[str, Any], folder: str, serving: dict[str, Any] | None
+    ) -> dict[str, float]:
         candidate = f"{self.served_name}-candidate-{row['version']}"
         baseline = self.served_name if serving is not None else self._base_name(client)
-        client.load_lora(candidate, row["path"], inplace=True)
+        client.load_lora(candidate, folder, inplace=True)
         try:
             return {
                 "candidate": score(client, candidate, self.eval_tasks),
@@ -310,7 +331,7 @@ class Publisher:
             raise PublishError("vLLM lists no base model to evaluate against")
         return str(bases[0])
 
-    def _publish_full(self, client: VllmClient, row: dict[str, Any]) -> None:
+    def _publish_full(self, client: VllmClient, folder: str) -> None:
         if self.restart is None:
             raise PublishError(
                 "a full-weight version needs a managed vLLM restart; publish it with "
@@ -318,11 +339,11 @@ class Publisher:
             )
         paused = gateway_call(self.gateway_url, GATEWAY_PAUSE)
         try:
-            self.restart(row["path"])
+            self.restart(folder)
             deadline = time.monotonic() + self.timeout_s
             while not client.healthy():
                 if time.monotonic() > deadline:
-                    raise PublishError(f"vLLM did not come back within {self.timeout_s:.0f}s on {row['path']}")
+                    raise PublishError(f"vLLM did not come back within {self.timeout_s:.0f}s on {folder}")
                 time.sleep(0.5)
         finally:
             if paused:
@@ -333,7 +354,7 @@ class Publisher:
         if row["kind"] != "lora" or serving is None or serving["kind"] != "lora":
             return
         try:
-            client.load_lora(self.served_name, serving["path"], inplace=True)
+            client.load_lora(self.served_name, self.local_folder(serving), inplace=True)
         except PublishError as exc:
             log.warning("could not re-load serving version %s: %s", serving["version"], exc)
 

@@ -1,7 +1,8 @@
 """The model registry: the ``model_versions`` Delta table (schema ``schemas.tables.MODEL_VERSIONS``).
 
-One row per version: parent, base model, checkpoint path, the transitions table and Delta
-version range it trained on, config and metrics as JSON, and its publish status. A status
+One row per version: parent, base model, checkpoint path, where its files are stored in the lake
+and the hash of their manifest (``trainer.artifacts``), the transitions table and Delta version
+range it trained on, config and metrics as JSON, and its publish status. A status
 change is a MERGE, i.e. a new Delta version, so the table's history keeps every state a
 version went through (``DeltaTable.history()`` / time travel). Lineage in DuckDB:
 
@@ -9,6 +10,10 @@ version went through (``DeltaTable.history()`` / time travel). Lineage in DuckDB
     FROM delta_scan('<lake>/model_versions') ORDER BY version_number;
 
 Which transitions each version trained on is in ``training_lineage`` (``trainer.lineage``).
+
+The schema grows by nullable columns (v2 added ``artifact_uri`` and ``manifest_sha256``): every write
+evolves an older table's schema (``schema_mode="merge"``, ``merge_schema=True``, as ``Lake.write``
+does), and rows read from it carry every current column, None where an old row has none.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from trainer.tables import open_table
 TABLE = "model_versions"
 Status = Literal["pending", "published", "failed", "rejected", "rolled_back"]
 STATUSES: tuple[str, ...] = ("pending", "published", "failed", "rejected", "rolled_back")
+
+
+_ABSENT: dict[str, Any] = dict.fromkeys(MODEL_VERSIONS.names)  # columns an older table lacks read as None
 
 
 def version_name(number: int) -> str:
@@ -53,7 +61,8 @@ class Registry:
         table = self._table()
         if table is None:
             return []
-        return sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["version_number"])
+        rows = [{**_ABSENT, **r} for r in table.to_pyarrow_table().to_pylist()]
+        return sorted(rows, key=lambda r: r["version_number"])
 
     def get(self, version: str) -> dict[str, Any]:
         for row in self.rows():
@@ -104,6 +113,8 @@ class Registry:
         n_transitions: int | None = None,
         config: dict[str, Any] | None = None,
         metrics: dict[str, Any] | None = None,
+        artifact_uri: str | None = None,
+        manifest_sha256: str | None = None,
     ) -> dict[str, Any]:
         """Insert a new version as ``pending``; a version name already taken is an error."""
         row = {
@@ -124,15 +135,20 @@ class Registry:
             "publish_error": None,
             "created_at": _now(),
             "published_at": None,
+            "artifact_uri": artifact_uri,
+            "manifest_sha256": manifest_sha256,
         }
         source = pa.Table.from_pylist([row], schema=MODEL_VERSIONS)
         table = self._table()
         if table is None:
-            write_deltalake(self.uri, source, mode="append", storage_options=self.storage_options)
+            write_deltalake(self.uri, source, mode="append", schema_mode="merge", storage_options=self.storage_options)
             return row
         # MERGE ... WHEN NOT MATCHED INSERT: two trainers racing for one name cannot both win.
+        # merge_schema: a table written before a column existed gains it (null in its old rows).
         stats = (
-            table.merge(source, predicate="t.version = s.version", source_alias="s", target_alias="t")
+            table.merge(
+                source, predicate="t.version = s.version", source_alias="s", target_alias="t", merge_schema=True
+            )
             .when_not_matched_insert_all()
             .execute()
         )

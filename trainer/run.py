@@ -1,7 +1,8 @@
 """One training round, as the CLI (`agentlake train --once`) and the Dagster asset run it.
 
 registry -> pin the transitions table's version -> pending rows (ids not in ``training_lineage``)
--> train -> checkpoint folder -> registry row (pending) -> lineage rows -> optionally publish.
+-> train -> checkpoint folder -> stored in the lake (``trainer.artifacts``) -> registry row (pending)
+-> lineage rows -> optionally publish.
 
 Every transition is trained on once: a round takes the rows whose ``transition_id`` no earlier
 version trained on, so compaction, vacuum and group rewrites never bring old rows back. More passes
@@ -12,17 +13,20 @@ they were trained on before. Either way the rows a version trained on go into ``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from schemas.config import Settings
+from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
 from trainer.data import TransitionData, latest_version, read_transitions, table_uri
-from trainer.errors import TrainerError
+from trainer.errors import RegistryError, TrainerError
 from trainer.lineage import Lineage
 from trainer.registry import Registry
 
@@ -36,6 +40,7 @@ class RoundResult:
     version: str | None
     reason: str = ""
     path: str | None = None
+    artifact_uri: str | None = None
     parent_version: str | None = None
     n_transitions: int = 0
     version_start: int | None = None
@@ -104,6 +109,21 @@ def count_pending(cfg: TrainConfig) -> tuple[int, int | None]:
     return read_pending(cfg, start, end, ids_only=True).rows.num_rows, end
 
 
+def _discard_unregistered(registry: Registry, version: str, path: Path) -> None:
+    """Remove a checkpoint folder that did not get registered: it would block the next round's save of
+    the same version name. Kept when the registry lists this very folder after all, or cannot be read."""
+    try:
+        row = registry.get(version)
+    except RegistryError:
+        row = None
+    except Exception:  # noqa: BLE001 - the registry is unreachable: keep the folder, the caller raises
+        return
+    manifest = path / MANIFEST_FILE
+    ours = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.exists() else None
+    if row is None or row["manifest_sha256"] != ours:  # never registered, or another trainer's version
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def train_once(
     settings: Settings | None = None, *, cfg: TrainConfig | None = None, force: bool = False, **overrides: Any
 ) -> RoundResult:
@@ -151,7 +171,10 @@ def train_once(
             "serving %s is %s, not %s: starting from the base model", parent["version"], parent["kind"], cfg.finetune
         )
         parent = None
-    parent_path = parent["path"] if parent else None
+    # The parent's folder on this machine: the trainer's own copy, or fetched from the lake and verified.
+    parent_path = (
+        str(local_copy(parent, cache_dir=cfg.checkpoint_dir, storage_options=cfg.storage_options)) if parent else None
+    )
     optimizer_state = load_optimizer_state(parent_path) if parent_path else None  # resume: AdamW moments
     result = train(cfg, data.rows, parent_path=parent_path, optimizer_state=optimizer_state)
 
@@ -178,21 +201,28 @@ def train_once(
         meta=meta,
         optimizer=result.optimizer,
     )
-    registry.add(
-        version=version,
-        version_number=number,
-        parent_version=meta["parent_version"],
-        base_model=cfg.base_model,
-        kind=cfg.finetune,
-        path=str(path),
-        served_name=cfg.served_name,
-        train_table=data.table_uri,
-        train_version_start=start,
-        train_version_end=end,
-        n_transitions=n,
-        config=cfg.to_dict(),
-        metrics=result.summary,
-    )
+    try:
+        stored = store_version(path, lake_root=cfg.lake_root, version=version, storage_options=cfg.storage_options)
+        registry.add(
+            version=version,
+            version_number=number,
+            parent_version=meta["parent_version"],
+            base_model=cfg.base_model,
+            kind=cfg.finetune,
+            path=str(path),
+            served_name=cfg.served_name,
+            train_table=data.table_uri,
+            train_version_start=start,
+            train_version_end=end,
+            n_transitions=n,
+            config=cfg.to_dict(),
+            metrics={**result.summary, **stored.metrics()},
+            artifact_uri=stored.uri,
+            manifest_sha256=stored.manifest_sha256,
+        )
+    except Exception:
+        _discard_unregistered(registry, version, path)
+        raise
     # After the registry row (which claims the version name atomically), so a lost race writes no lineage.
     try:
         lineage.record(model_version=version, train_table=data.table_uri, table_version=end, rows=data.rows)
@@ -205,6 +235,7 @@ def train_once(
     return RoundResult(
         version,
         path=str(path),
+        artifact_uri=stored.uri,
         parent_version=meta["parent_version"],
         n_transitions=n,
         version_start=start,

@@ -1,4 +1,4 @@
-"""`agentlake model list | show | publish | rollback`: policy versions in the model registry."""
+"""`agentlake model list | show | fetch | publish | rollback`: policy versions in the model registry."""
 
 from __future__ import annotations
 
@@ -93,14 +93,27 @@ def show(version: str = typer.Argument(..., help="A version, e.g. v0003."), conf
     settings = settings_or_exit(config)
     reg = _registry(settings)
     row = reg.get(version)
-    for key in ("version", "kind", "publish_status", "publish_error", "base_model", "path", "served_name",
-                "train_table", "train_version_start", "train_version_end", "n_transitions", "created_at",
-                "published_at"):  # fmt: skip
+    for key in ("version", "kind", "publish_status", "publish_error", "base_model", "path", "artifact_uri",
+                "manifest_sha256", "served_name", "train_table", "train_version_start", "train_version_end",
+                "n_transitions", "created_at", "published_at"):  # fmt: skip
         console.print(f"[bold]{key}[/]: {row[key]}")
     console.print(f"[bold]trained on[/]: {_trained_on(settings, row)}")
     console.print("[bold]lineage[/]: " + " <- ".join(r["version"] for r in reg.lineage(version)))
     console.print("[bold]metrics[/]:", json.loads(row["metrics"] or "{}"))
     console.print("[bold]config[/]:", json.loads(row["config"] or "{}"))
+
+
+@model_app.command()
+@handle_errors
+def fetch(version: str = typer.Argument(..., help="A version, e.g. v0003."), config: str | None = ConfigOption) -> None:
+    """Put a version's files on this machine (from the lake's object store, every hash checked); print the folder."""
+    from trainer.artifacts import local_copy
+    from trainer.config import local_model_dir
+
+    settings = settings_or_exit(config)
+    row = _registry(settings).get(version)
+    folder = local_copy(row, cache_dir=local_model_dir(settings), storage_options=dict(settings.lake.storage_options))
+    console.print(f"[green]{version}[/] at {folder}")
 
 
 @model_app.command()

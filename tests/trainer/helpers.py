@@ -104,13 +104,16 @@ def transition(
     }
 
 
-def write_transitions(lake: Path | str, rows: list[dict[str, Any]]) -> int:
+def write_transitions(
+    lake: Path | str, rows: list[dict[str, Any]], *, storage_options: dict[str, str] | None = None
+) -> int:
     """Append rows to ``<lake>/transitions`` (partitioned by day, as the pipeline writes it); the new version."""
     from deltalake import DeltaTable
 
     uri = f"{lake}/transitions"
-    write_deltalake(uri, pa.Table.from_pylist(rows, schema=TRANSITIONS), mode="append", partition_by=["day"])
-    return DeltaTable(uri).version()
+    data = pa.Table.from_pylist(rows, schema=TRANSITIONS)
+    write_deltalake(uri, data, mode="append", partition_by=["day"], storage_options=storage_options)
+    return DeltaTable(uri, storage_options=storage_options).version()
 
 
 @torch.no_grad()
