@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -124,6 +125,10 @@ def test_train_once_trains_new_data_then_waits_for_more(lake: Path, tiny_model_d
     assert (first.version_start, first.version_end) == (-1, end)
     assert (Path(first.path) / "adapter_model.safetensors").exists()
     row = Registry(str(lake)).get("v0001")
+    # A local lake: the checkpoint folder under <lake>/models is the stored artifact (no second copy).
+    assert row["artifact_uri"] == first.path == str(lake / "models" / "v0001")
+    assert row["manifest_sha256"] == hashlib.sha256((Path(first.path) / "manifest.json").read_bytes()).hexdigest()
+    assert [p.name for p in (lake / "models").iterdir()] == ["v0001"]
     assert row["publish_status"] == "pending" and row["train_version_end"] == end
     assert json.loads(row["config"])["lora_rank"] == 4 and "final_loss" in json.loads(row["metrics"])
 
@@ -136,3 +141,44 @@ def test_train_once_trains_new_data_then_waits_for_more(lake: Path, tiny_model_d
     forced = train_once(cfg=cfg, force=True)
     assert forced.version == "v0002" and forced.n_transitions == 2 and forced.version_start == end
     assert forced.version_end == end + 2
+
+
+def test_an_older_table_gains_the_new_columns_on_its_next_write(lake: Path) -> None:
+    """A registry written with schema v1 (no artifact columns) takes a v2 row; old rows read None."""
+    import datetime as dt
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    v1 = pa.schema([f for f in MODEL_VERSIONS if f.name not in ("artifact_uri", "manifest_sha256")])
+    now = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+    old = {n: None for n in v1.names} | {
+        "version": "v0001",
+        "version_number": 1,
+        "base_model": "tiny",
+        "kind": "lora",
+        "path": "/models/v0001",
+        "publish_status": "published",
+        "created_at": now,
+        "published_at": now,
+    }
+    reg = Registry(str(lake))
+    write_deltalake(reg.uri, pa.Table.from_pylist([old], schema=v1))
+    assert reg.get("v0001")["artifact_uri"] is None and reg.serving()["version"] == "v0001"
+
+    reg.add(
+        version="v0002",
+        version_number=2,
+        parent_version="v0001",
+        base_model="tiny",
+        kind="lora",
+        path="/models/v0002",
+        artifact_uri="s3://bucket/lake/models/v0002/0123456789abcdef",
+        manifest_sha256="0123456789abcdef" * 4,
+    )
+    reg.set_status("v0002", "published", published_at=now + dt.timedelta(hours=1))
+    assert sorted(DeltaTable(reg.uri).schema().to_arrow().names) == sorted(MODEL_VERSIONS.names)
+    rows = {r["version"]: r for r in reg.rows()}
+    assert rows["v0001"]["artifact_uri"] is None and rows["v0001"]["manifest_sha256"] is None
+    assert rows["v0002"]["artifact_uri"].endswith("/v0002/0123456789abcdef")
+    assert reg.serving()["version"] == "v0002"
