@@ -1,12 +1,14 @@
-"""Trainer fixtures: a tiny random Llama folder (built once per session) and a temporary lake."""
+"""Trainer fixtures: a tiny random Llama folder (built once per session), a temporary lake, a stand-in vLLM."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import build_tiny_model_dir
+from tests.trainer.helpers import FakeVllm, build_tiny_model_dir
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +21,13 @@ def lake(tmp_path: Path) -> Path:
     root = tmp_path / "lake"
     root.mkdir()
     return root
+
+
+@pytest.fixture()
+def vllm() -> Iterator[FakeVllm]:
+    server = FakeVllm()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()

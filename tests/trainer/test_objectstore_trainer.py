@@ -24,7 +24,7 @@ from agentlake.stack.broker import free_port
 from schemas.storage import filesystem, read_bytes
 from schemas.uris import table_uri
 from tests.objectstore import ObjectStore
-from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
 from trainer.artifacts import MANIFEST_FILE, local_copy, verify_folder
 from trainer.config import TrainConfig
 from trainer.errors import ArtifactError, PublishError
@@ -179,3 +179,26 @@ def test_a_fresh_cache_downloads_and_verifies_and_a_changed_object_is_refused_by
     _overwrite(manifest_uri, opts, read_bytes(manifest_uri, opts) + b" ")
     with pytest.raises(ArtifactError, match="manifest.json at .* the registry recorded"):
         local_copy(row, cache_dir=cache, storage_options=opts)
+
+
+def test_publish_and_rollback_from_a_host_that_never_trained_load_verified_downloads(
+    object_store: ObjectStore, tiny_model_dir: Path, tmp_path: Path, vllm: FakeVllm
+) -> None:
+    root, opts = object_store.lake_root(), object_store.storage_options
+    cfg = _config(root, opts, tiny_model_dir, tmp_path / "trainer-host" / "models").replace(min_new_transitions=1)
+    for v in range(2):
+        write_transitions(root, _rows(4 * v, 4), storage_options=opts)
+        shutil.rmtree(train_once(cfg=cfg).path)  # the trainer host's disk is gone; the lake has the versions
+    registry = Registry(root, opts)
+    serving_host = tmp_path / "serving-host" / "models"
+    publisher = Publisher(registry, vllm.url, "agentlake-policy", cache_dir=serving_host)
+
+    assert publisher.publish("v0001").status == "published"
+    assert publisher.publish("v0002").status == "published"
+    assert publisher.rollback().version == "v0001"
+    folders = {v: serving_host / f"{v}-{registry.get(v)['manifest_sha256'][:16]}" for v in ("v0001", "v0002")}
+    assert vllm.loads() == [str(folders["v0001"]), str(folders["v0002"]), str(folders["v0001"])]
+    for v, folder in folders.items():
+        verify_folder(folder, registry.get(v)["manifest_sha256"])
+        assert (folder / "adapter_model.safetensors").exists() and (folder / "adapter_config.json").exists()
+    assert registry.serving()["version"] == "v0001"

@@ -8,9 +8,6 @@ socket. Unreachable vLLM is a port nobody listens on. The real vLLM is in test_e
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,68 +15,12 @@ import pytest
 
 from agentlake.stack.broker import free_port
 from schemas.config import Settings
-from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
 from trainer.errors import PublishError
 from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.run import train_once
-
-
-class FakeVllm(ThreadingHTTPServer):
-    """Records every POST body; answers ``load_status`` to adapter loads."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.load_status = 200
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def loads(self) -> list[str]:
-        return [b["lora_path"] for p, b in self.requests if p == "/v1/load_lora_adapter"]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeVllm
-
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self.path == "/v1/models":
-            self._send(200, {"data": [{"id": "base-model", "parent": None}]})
-        else:
-            self._send(200, {})
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-        self.server.requests.append((self.path, body))
-        if self.path == "/v1/load_lora_adapter":
-            status = self.server.load_status
-            self._send(status, {"message": "boom: adapter rejected"} if status >= 400 else {})
-        else:
-            self._send(200, {})
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture()
-def vllm() -> Iterator[FakeVllm]:
-    server = FakeVllm()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture()
