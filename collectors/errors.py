@@ -5,6 +5,7 @@
         ├── BadRequest                 400 / INVALID_ARGUMENT   malformed body, bad field
         ├── Unauthorized               401 / UNAUTHENTICATED    missing or unknown bearer token
         ├── PayloadTooLarge            413 / RESOURCE_EXHAUSTED body over collector.max_body_bytes
+        │   └── RecordTooLarge         413 / INVALID_ARGUMENT   a trace bigger than a Kafka record may be
         ├── UnsupportedMediaType       415 / INVALID_ARGUMENT   unknown content type or encoding
         └── SinkError                  retryable: the record store did not acknowledge in time
             ├── SinkBusy               429 / RESOURCE_EXHAUSTED too much is waiting for Kafka
@@ -46,6 +47,13 @@ class Unauthorized(CollectorError):
 class PayloadTooLarge(CollectorError):
     status = 413
     grpc_code = GRPC_RESOURCE_EXHAUSTED
+
+
+class RecordTooLarge(PayloadTooLarge):
+    """One trace makes a Kafka record bigger than its topic takes; retrying the same body cannot help,
+    so gRPC gets INVALID_ARGUMENT (exporters retry RESOURCE_EXHAUSTED)."""
+
+    grpc_code = GRPC_INVALID_ARGUMENT
 
 
 class UnsupportedMediaType(CollectorError):

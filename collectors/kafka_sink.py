@@ -7,6 +7,13 @@ acknowledgements come back through one ``call_soon_threadsafe`` per call, not pe
 Backpressure: when more than ``max_pending_bytes`` wait for acknowledgement, ``send`` raises
 ``SinkBusy`` at once (the receivers answer 429) instead of growing memory without bound.
 
+Record size: ``kafka.max_message_bytes`` is the producer's largest request, and each topic may take
+less (its ``max.message.bytes``, read at connect). ``send`` checks every record first and raises
+``RecordTooLarge`` (413) naming the trace, its size and the limit before producing any of them: a
+request is written whole or not at all. A record Kafka refuses as too large after all (a topic
+lowered since we connected) is a ``RecordTooLarge`` too; records of the same call that Kafka took
+stay written, and the topics' limits are read again so the next such record is refused up front.
+
 Recovery: an idempotent producer that lost its broker can end in a fatal state for good (a broker
 restarted without its producer state answers the epoch bump with ``InitProducerId: UnknownError``).
 When a send fails, or the producer is found fatal, the sink closes it, fails every send still
@@ -26,10 +33,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kafka import KafkaProducer
-from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
+from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError, RecordListTooLargeError
 
-from collectors.errors import CollectorError, PayloadTooLarge, SinkBusy, SinkUnavailable
+from collectors.errors import CollectorError, RecordTooLarge, SinkBusy, SinkUnavailable
 from collectors.records import Record
+from collectors.topic_limits import oversized, record_size, smaller_than_ours, topic_limits
 from schemas.config import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -93,7 +101,6 @@ class KafkaSink:
         *,
         bootstrap: str | None = None,
         max_pending_bytes: int = 256 << 20,
-        max_request_bytes: int = 16 << 20,
         stall_s: float = 2.5,
         **producer_overrides: Any,
     ) -> None:
@@ -103,12 +110,14 @@ class KafkaSink:
         self.pending_bytes = 0
         self.stall_s = stall_s  # a send unacknowledged for longer makes ``problem()`` say so
         self._config = {
-            **settings.client_config(self.bootstrap),
+            **settings.client_config(self.bootstrap, role="producer"),
             **PRODUCER_DEFAULTS,
-            "max_request_size": max_request_bytes + (64 << 10),
+            # Kafka checks a whole batch against max.message.bytes: never fill one past it.
+            "batch_size": min(PRODUCER_DEFAULTS["batch_size"], settings.max_message_bytes),
             "client_id": "agentlake-collector",
             **producer_overrides,
         }
+        self.limits: dict[str, int] = {}  # topic -> max.message.bytes, where the broker says
         self._producer: KafkaProducer | None = None
         self._topics: tuple[str, ...] = ()
         self._waiters: set[_Waiter] = set()
@@ -121,6 +130,11 @@ class KafkaSink:
     @property
     def connected(self) -> bool:
         return self._producer is not None
+
+    @property
+    def producer_config(self) -> dict[str, Any]:
+        """The kafka-python arguments every producer of this sink is made with."""
+        return dict(self._config)
 
     def connect(self, topics: Sequence[str] = (), timeout_s: float = 10.0) -> None:
         """Create the producer and fetch metadata of ``topics`` (blocking; run it in a thread).
@@ -144,9 +158,23 @@ class KafkaSink:
         except BaseException:
             _close_now(producer)
             raise
+        self._read_limits()
         self._producer = producer
         self._failure = None
         self._state = ""
+
+    def _read_limits(self) -> None:
+        """Learn each topic's max.message.bytes; a broker that will not say leaves ours as the limit."""
+        try:
+            limits = topic_limits(self.settings, self.bootstrap, self._topics)
+        except (KafkaError, OSError) as exc:
+            ours = self.settings.max_message_bytes
+            log.info("cannot read the topics' max.message.bytes (%s); records are checked against %d bytes", exc, ours)
+            return
+        changed = {t: v for t, v in limits.items() if self.limits.get(t) != v}
+        for line in smaller_than_ours(self.settings, changed):
+            log.warning(line)
+        self.limits = limits
 
     def warm(self, topics: Sequence[str], timeout_s: float = 10.0) -> None:
         """Fetch topic metadata now, so ``send`` never waits for it on the event loop."""
@@ -198,6 +226,13 @@ class KafkaSink:
         if reason is not None:
             self._start_recovery(reason)
             raise SinkUnavailable(f"replacing the Kafka producer ({reason}); retry shortly")
+        ours = self.settings.max_message_bytes
+        too_big = oversized(records, self.limits, ours)
+        if too_big is not None:
+            record, n, limit = too_big
+            raise _too_large(
+                record, n, f"over the limit of {limit} bytes", ours, written="nothing of this request was written"
+            )
         size = sum(len(r.value) + len(r.key or b"") for r in records)
         if self.pending_bytes + size > self.max_pending_bytes and self.pending_bytes:
             raise SinkBusy(f"{self.pending_bytes} bytes are waiting for Kafka; retry shortly")
@@ -219,8 +254,17 @@ class KafkaSink:
                 f.add_errback(waiter.failed)
             try:
                 await future
-            except MessageSizeTooLargeError as exc:
-                raise PayloadTooLarge(f"one trace is too large for a Kafka record: {exc}") from exc
+            except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
+                # Our check passed, so the topic takes less than we knew: learn its limit for next time.
+                loop.run_in_executor(None, self._read_limits)
+                biggest = max(records, key=record_size)
+                raise _too_large(
+                    biggest,
+                    record_size(biggest),
+                    f"which Kafka refused as too large ({type(exc).__name__})",
+                    ours,
+                    written="traces of this request that Kafka took before it stay written",
+                ) from exc
             except (KafkaError, AssertionError) as exc:
                 if producer is self._producer:
                     # A batch given up on (or refused by a fatal producer): this producer's
@@ -303,6 +347,16 @@ class KafkaSink:
         except KafkaTimeoutError:
             log.warning("Kafka did not acknowledge every buffered record within %.0fs", timeout_s)
             _close_now(producer)
+
+
+def _too_large(record: Record, size: int, limit: str, ours: int, *, written: str) -> RecordTooLarge:
+    """The 413 for a trace too big for one Kafka record: which trace, its size, the limit, and what to do."""
+    trace = (record.key or b"?").decode("ascii", "replace")
+    return RecordTooLarge(
+        f"trace {trace} makes a Kafka record of {size} bytes for topic {record.topic!r}, {limit} "
+        f"(the smaller of kafka.max_message_bytes = {ours} and the topic's max.message.bytes); {written}. "
+        "Send the trace in smaller pieces (the spans of one trace may come in several requests) or raise the limit"
+    )
 
 
 def _partitions(producer: KafkaProducer, topic: str) -> set[int] | None:

@@ -62,11 +62,7 @@ class CollectorServer:
                     "no Kafka configured: set KAFKA_BOOTSTRAP_SERVERS (or kafka.bootstrap_servers), "
                     "or start the local stack with `agentlake up`"
                 )
-            sink = KafkaSink(
-                settings.kafka,
-                max_request_bytes=settings.collector.max_body_bytes,
-                stall_s=settings.collector.produce_timeout_s,
-            )
+            sink = KafkaSink(settings.kafka, stall_s=settings.collector.produce_timeout_s)
         self.sink = sink
         self.collector = Collector(sink, settings.collector, settings.kafka)
         self.http_port = 0

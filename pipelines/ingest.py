@@ -167,7 +167,7 @@ def make_consumer(kafka: KafkaSettings) -> Any:
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
-        **kafka.client_config(),
+        **kafka.client_config(role="consumer"),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -176,30 +176,27 @@ def make_consumer(kafka: KafkaSettings) -> Any:
 
 
 def fetch_config(kafka: KafkaSettings, *, prefetch_mb: int = 64) -> dict[str, Any]:
-    """librdkafka settings for ingestion; ``prefetch_mb`` bounds what it buffers ahead of decoding."""
-    cfg: dict[str, Any] = {
-        "bootstrap.servers": kafka.bootstrap_servers,
-        "security.protocol": kafka.security_protocol,
-        # librdkafka wants a group id; it is never joined (assign() only) and nothing is committed.
-        "group.id": "agentlake-ingest",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "enable.partition.eof": True,
-        "max.partition.fetch.bytes": 8 << 20,
-        "fetch.max.bytes": 64 << 20,
-        "queued.max.messages.kbytes": prefetch_mb << 10,
-        "fetch.wait.max.ms": 50,  # an idle partition reports its end after this, not after 500 ms
-        "check.crcs": False,
-    }
-    if kafka.sasl_mechanism:
-        cfg.update(
-            {
-                "sasl.mechanism": kafka.sasl_mechanism,
-                "sasl.username": kafka.sasl_username,
-                "sasl.password": kafka.sasl_password,
-            }
-        )
+    """librdkafka settings for ingestion; ``prefetch_mb`` bounds what it buffers ahead of decoding.
+
+    Servers, security, CRC checks and size limits come from ``KafkaSettings.librdkafka_config``.
+    """
+    cfg = kafka.librdkafka_config(role="consumer")
+    fetch = max(64 << 20, cfg["fetch.max.bytes"])
+    cfg.update(
+        {
+            # librdkafka wants a group id; it is never joined (assign() only) and nothing is committed.
+            "group.id": "agentlake-ingest",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+            "max.partition.fetch.bytes": max(8 << 20, cfg["max.partition.fetch.bytes"]),
+            "fetch.max.bytes": fetch,
+            "receive.message.max.bytes": fetch + (1 << 20),
+            "queued.max.messages.kbytes": prefetch_mb << 10,
+            "fetch.wait.max.ms": 50,  # an idle partition reports its end after this, not after 500 ms
+        }
+    )
     return cfg
 
 

