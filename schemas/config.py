@@ -21,6 +21,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -259,9 +260,28 @@ class VllmSettings(_Section):
 
 
 class DagsterSettings(_Section):
-    home: Path = Path("dagster_home")
-    host: str = "127.0.0.1"
+    # "production": the instance on PostgreSQL, dagster-webserver, dagster-daemon and a code server as
+    # separate processes (what a deployment runs); "dev": `dagster dev` on SQLite in `home`.
+    profile: Literal["production", "dev"] = "production"
+    home: Path = Path("dagster_home")  # the dev profile's instance; production's is <state dir>/dagster
+    host: str = "127.0.0.1"  # the webserver
     port: int = Field(3000, ge=0, le=65535)
+    # production: an external database (postgresql://user@host:port/db) instead of the local PostgreSQL;
+    # its password comes from the environment (DAGSTER_PG_PASSWORD), never from here.
+    postgres_url: str = ""
+    postgres_port: int = Field(0, ge=0, le=65535)  # the local PostgreSQL; 0: last time's while free
+
+    @field_validator("postgres_url")
+    @classmethod
+    def _no_password_in_url(cls, v: str) -> str:
+        if not v:
+            return v
+        url = urlsplit(v)
+        if url.scheme not in ("postgresql", "postgres") or not url.hostname:
+            raise ValueError("expected postgresql://user@host:port/database")
+        if url.password:
+            raise ValueError("keep the password out of settings: put it in DAGSTER_PG_PASSWORD")
+        return v
 
 
 class TrainerSettings(_Section):
@@ -382,7 +402,7 @@ STACK_KEYS: dict[str, tuple[str, ...]] = {
     "collector": ("host", "http_port", "grpc_port"),
     "gateway": ("host", "port"),
     "vllm": ("host", "port"),
-    "dagster": ("home", "host", "port"),
+    "dagster": ("home", "host", "port", "profile"),
 }
 
 

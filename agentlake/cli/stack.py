@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from enum import StrEnum
 
 import typer
 from rich.table import Table
@@ -11,6 +12,21 @@ from agentlake.cli.app import ConfigOption, app, console, handle_errors, setting
 from agentlake.stack import local
 from agentlake.stack.health import gateway_spill
 from schemas.config import stack_file
+
+
+class Profile(StrEnum):
+    """`agentlake up --profile`: the values of ``dagster.profile``."""
+
+    production = "production"
+    dev = "dev"
+
+
+ProfileOption = typer.Option(
+    None,
+    "--profile",
+    help="Dagster's shape: production (PostgreSQL, webserver, daemon, code server) or dev (`dagster dev`). "
+    "Default: dagster.profile.",
+)
 
 
 def _render(rows: list[local.PartStatus]) -> Table:
@@ -27,11 +43,14 @@ def _render(rows: list[local.PartStatus]) -> Table:
 @handle_errors
 def up(
     vllm: bool = typer.Option(False, "--vllm", help="Also start vLLM (CPU or GPU build) and the gateway."),
-    dagster: bool = typer.Option(True, "--dagster/--no-dagster", help="Start `dagster dev`."),
+    dagster: bool = typer.Option(True, "--dagster/--no-dagster", help="Start Dagster."),
+    profile: Profile | None = ProfileOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Start the local stack and wait until every part is healthy."""
     settings = settings_or_exit(config)
+    if profile is not None:
+        settings.dagster.profile = profile.value
     with console.status("starting") as spinner:
         rows = local.up(
             settings, with_vllm=vllm, with_dagster=dagster, on_step=lambda part: spinner.update(f"starting {part}")

@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentlake.stack import objectstore, processes
+from agentlake.stack import dagster, objectstore, postgres, processes
 from agentlake.stack.broker import (
     broker_argv,
     durable_storage,
@@ -47,10 +46,20 @@ from schemas.uris import normalize_uri
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("objectstore", "broker", "collector", "dagster", "vllm", "gateway")
+# `down` stops them in reverse: Dagster before the database it writes to
+PARTS = (
+    "objectstore",
+    "broker",
+    "postgres",
+    "collector",
+    "dagster-code",
+    "dagster",
+    "dagster-daemon",
+    "vllm",
+    "gateway",
+)
 BROKER_PORT_FILE = "broker.port"
 OBJECTSTORE_STOP_S = 40.0
-DAGSTER_TEMPLATE = REPO_ROOT / "dagster_home"
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,8 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
     if "://" not in settings.lake.root:
         dumped["lake"]["root"] = str(Path(settings.lake.root).resolve())
     dumped["model"]["cache_dir"] = str(settings.model.cache_dir.resolve())
-    dumped["dagster"]["home"] = str(dagster_home(settings))
+    dagster_env = dagster.instance_env(settings)
+    dumped["dagster"]["home"] = str(settings.dagster.home.resolve())  # the dev profile's; DAGSTER_HOME below
     dumped["vllm"]["venv"] = str(settings.vllm.venv.resolve())
     env = {
         f"AGENTLAKE_{section.upper()}__{key.upper()}": value if isinstance(value, str) else json.dumps(value)
@@ -98,32 +108,10 @@ def child_env(settings: Settings, bootstrap: str) -> dict[str, str]:
         KAFKA_BOOTSTRAP_SERVERS=bootstrap,
         AGENTLAKE_LAKE=dumped["lake"]["root"],
         AGENTLAKE_STATE_DIR=dumped["state"]["dir"],
-        DAGSTER_HOME=dumped["dagster"]["home"],
         PYTHONUNBUFFERED="1",
     )
+    env.update(dagster_env)  # DAGSTER_HOME, and the instance database's DAGSTER_PG_* in production
     return env
-
-
-def dagster_home(settings: Settings) -> Path:
-    """The Dagster instance folder (``DAGSTER_HOME``) of the stack: run history lives under it.
-
-    By default the repository's ``dagster_home`` (storage in ``dagster_home/storage``, git-ignored),
-    so a ``DAGSTER_HOME=dagster_home dagster asset materialize`` by hand shares the instance, its UI
-    and its run queue with `agentlake up`. A folder without ``dagster.yaml`` gets the repository's.
-    """
-    home = settings.dagster.home.resolve()
-    own = home / "dagster.yaml"
-    template = DAGSTER_TEMPLATE / "dagster.yaml"
-    if not own.exists() and template.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template, own)
-    return home
-
-
-def dagster_workspace(settings: Settings) -> Path:
-    """The instance's ``workspace.yaml``, else the repository's (the `pipelines` code location)."""
-    own = settings.dagster.home.resolve() / "workspace.yaml"
-    return own if own.exists() else DAGSTER_TEMPLATE / "workspace.yaml"
 
 
 # --- what other tools read: the stack file and the broker's stable port ---------------------------
@@ -177,7 +165,12 @@ def write_stack_file(settings: Settings, bootstrap: str) -> Path:
             "collector": {"host": c.host, "http_port": c.http_port, "grpc_port": c.grpc_port},
             "gateway": {"host": g.host, "port": g.port},
             "vllm": {"host": v.host, "port": vllm_port},
-            "dagster": {"home": str(settings.dagster.home.resolve()), "host": d.host, "port": d.port},
+            "dagster": {
+                "home": str(settings.dagster.home.resolve()),
+                "host": d.host,
+                "port": d.port,
+                "profile": d.profile,
+            },
         },
     }
     path = stack_file(sdir)
@@ -345,28 +338,7 @@ def up(
             60,
         )
         if with_dagster:
-            d = settings.dagster
-            on_step("dagster")
-            _start_if_needed(
-                settings,
-                "dagster",
-                [
-                    sys.executable,
-                    "-m",
-                    "dagster",
-                    "dev",
-                    "-w",
-                    str(dagster_workspace(settings)),
-                    "-h",
-                    d.host,
-                    "-p",
-                    str(d.port),
-                ],
-                f"http://{d.host}:{d.port}",
-                lambda: http_ok(f"http://{d.host}:{d.port}/server_info"),
-                env,
-                180,
-            )
+            _start_dagster(settings, env, on_step)
         if with_vllm or settings.vllm.enabled:
             on_step("vllm")
             _start_vllm(settings)
@@ -389,6 +361,30 @@ def up(
     return status(settings)
 
 
+def _start_dagster(settings: Settings, env: dict[str, str], on_step: Callable[[str], None]) -> None:
+    """The profile's Dagster processes (production: its database first), each healthy before the next."""
+    running_code = processes.read(state_dir(settings), dagster.CODE_PART)
+    code_port = 0
+    if dagster.production(settings):
+        conn = dagster.connection(settings)
+        if not settings.dagster.postgres_url:
+            on_step("postgres")
+            conn = postgres.start(state_dir(settings), port=settings.dagster.postgres_port)
+        elif conn is None or not postgres.ok(conn):
+            raise StackError(
+                f"the Dagster database {settings.dagster.postgres_url} does not answer with the password in "
+                f"${postgres.PASSWORD_ENV}; check both, or use `agentlake up --profile dev`"
+            )
+        assert conn is not None
+        running = running_code.address if running_code is not None and running_code.is_running() else None
+        code_port = dagster.choose_code_port(settings, running)
+        dagster.write_instance(settings, conn, code_port)
+        env = {**env, **dagster.instance_env(settings)}
+    for part in dagster.parts(settings, code_port):
+        on_step(part.name)
+        _start_if_needed(settings, part.name, part.argv, part.address, part.probe, env, part.timeout_s)
+
+
 def _start_vllm(settings: Settings) -> None:
     from agentlake.stack import vllm
 
@@ -406,7 +402,10 @@ def down(settings: Settings) -> list[str]:
     for name in reversed(PARTS):
         # SeaweedFS closes its volumes at once but its filer waits ~15 s for the S3 gateway's stream
         # before it closes its metadata store: let it finish rather than SIGKILL it at 15 s.
-        if processes.stop(sdir, name, timeout_s=OBJECTSTORE_STOP_S if name == "objectstore" else 15.0):
+        if name == postgres.PART:
+            if postgres.stop(sdir):  # pg_ctl stop -m fast: no crash recovery at the next start
+                stopped.append(name)
+        elif processes.stop(sdir, name, timeout_s=OBJECTSTORE_STOP_S if name == "objectstore" else 15.0):
             stopped.append(name)
     for leftover in processes.list_managed(sdir):  # parts added by later versions
         if processes.stop(sdir, leftover.name):
@@ -452,12 +451,59 @@ def status(settings: Settings) -> list[PartStatus]:
         "gateway": (f"http://{g.host}:{g.port}", f"http://{g.host}:{g.port}/health"),
     }
     for name, (address, url) in probes.items():
+        if name == "dagster":
+            rows.extend(_dagster_status(settings))
+            continue
         proc = processes.read(sdir, name)
-        running = proc is not None and proc.is_running()
-        detail = f"log: {proc.log}" if proc else "not started"
-        if proc is not None and not running:
-            detail = f"exited; log: {proc.log}"
-        rows.append(PartStatus(name, address, proc.pid if running and proc else None, running and http_ok(url), detail))
+        rows.append(_http_status(name, address, proc, url))
+    return rows
+
+
+def _http_status(name: str, address: str, proc: processes.ManagedProcess | None, url: str | None) -> PartStatus:
+    """A managed process's row: healthy when it runs and ``url`` (if any) answers 2xx."""
+    running = proc is not None and proc.is_running()
+    detail = f"log: {proc.log}" if proc else "not started"
+    if proc is not None and not running:
+        detail = f"exited; log: {proc.log}"
+    healthy = running and (url is None or http_ok(url))
+    return PartStatus(name, address, proc.pid if running and proc else None, healthy, detail)
+
+
+def _dagster_status(settings: Settings) -> list[PartStatus]:
+    """The profile's Dagster rows: production adds its database, the code server and the daemon's heartbeats."""
+    sdir = state_dir(settings)
+    d = settings.dagster
+    web = f"http://{d.host}:{d.port}"
+    webserver = processes.read(sdir, dagster.WEBSERVER_PART)
+    if not dagster.production(settings):
+        row = _http_status(dagster.WEBSERVER_PART, web, webserver, f"{web}/server_info")
+        return [row if webserver is None else replace(row, detail=f"dagster dev (profile dev); {row.detail}")]
+    rows = []
+    conn = dagster.connection(settings)
+    db = processes.read(sdir, postgres.PART)
+    if d.postgres_url:
+        healthy = conn is not None and postgres.ok(conn)
+        rows.append(PartStatus(postgres.PART, d.postgres_url, None, healthy, "external Dagster database"))
+    else:
+        running = db is not None and db.is_running()
+        detail = "not started" if db is None else f"data: {postgres.data_dir(sdir)}; log: {db.log}"
+        if db is not None and not running:
+            detail = f"exited; log: {db.log}"
+        address = conn.address if conn is not None else "-"
+        healthy = running and conn is not None and postgres.ok(conn)
+        rows.append(PartStatus(postgres.PART, address, db.pid if running and db else None, healthy, detail))
+    code = processes.read(sdir, dagster.CODE_PART)
+    code_row = _http_status(dagster.CODE_PART, code.address if code else "-", code, None)
+    if code is not None and code.is_running():
+        code_row = replace(code_row, healthy=dagster.port_open(code.address))
+    rows.append(code_row)
+    rows.append(_http_status(dagster.WEBSERVER_PART, web, webserver, f"{web}/server_info"))
+    daemon = processes.read(sdir, dagster.DAEMON_PART)
+    daemon_row = _http_status(dagster.DAEMON_PART, "-", daemon, None)
+    if daemon is not None and daemon.is_running():
+        healthy, line = dagster.daemon_health(web)
+        daemon_row = replace(daemon_row, healthy=healthy, detail=f"{line}; log: {daemon.log}")
+    rows.append(daemon_row)
     return rows
 
 
