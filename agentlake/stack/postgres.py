@@ -20,12 +20,13 @@ import pwd
 import secrets
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from agentlake.stack import processes
-from agentlake.stack.broker import free_port, port_free, wait_for_port
+from agentlake.stack.broker import free_port, port_free
 from agentlake.stack.processes import StackError
 from schemas.config import DagsterSettings
 
@@ -235,13 +236,27 @@ def ok(conn: Connection, *, timeout_s: int = 2) -> bool:
         return False
 
 
-def _ensure_database(conn: Connection) -> None:
+def _ensure_database(conn: Connection, proc: processes.ManagedProcess, timeout_s: float) -> None:
+    """Wait until the server takes connections (it refuses them while it starts up), then create the database."""
     import psycopg2
     from psycopg2 import sql
 
-    db = psycopg2.connect(
-        host=conn.host, port=conn.port, user=conn.user, password=conn.password, dbname="postgres", connect_timeout=5
-    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            db = psycopg2.connect(
+                host=conn.host,
+                port=conn.port,
+                user=conn.user,
+                password=conn.password,
+                dbname="postgres",
+                connect_timeout=5,
+            )
+            break
+        except psycopg2.OperationalError:
+            if time.monotonic() > deadline or not proc.is_running():
+                raise
+            time.sleep(0.1)
     try:
         db.autocommit = True  # CREATE DATABASE cannot run in a transaction
         with db.cursor() as cur:
@@ -271,8 +286,7 @@ def start(state_dir: Path, *, port: int = 0, timeout_s: float = 60.0) -> Connect
     conn = local_connection(state_dir)
     assert conn is not None
     try:
-        wait_for_port("127.0.0.1", port, timeout_s)
-        _ensure_database(conn)
+        _ensure_database(conn, proc, timeout_s)
     except Exception as exc:
         stop(state_dir)
         tail = "\n".join(Path(proc.log).read_text(errors="replace").splitlines()[-15:])
