@@ -122,6 +122,11 @@ def test_config_from_settings(tmp_path: Path) -> None:
     assert cfg.algorithm == "ppo" and cfg.lora_rank == 8 and cfg.max_steps == 3
     assert cfg.checkpoint_dir == str(tmp_path / "lake" / "models")
     assert cfg.served_name == settings.model.served_name
+    # An object-store lake: version folders on this machine under the state dir (uploaded to the lake).
+    remote = load_settings(
+        environ={}, overrides={"lake": {"root": "s3://bucket/lake"}, "state": {"dir": str(tmp_path / "state")}}
+    )
+    assert config_from_settings(remote).checkpoint_dir == str(tmp_path / "state" / "models")
     too_big = load_settings(environ={}, overrides={"trainer": {"lora_rank": 64}})
     with pytest.raises(TrainerError, match="max_lora_rank"):
         config_from_settings(too_big)
