@@ -22,6 +22,7 @@ from dagster import (
     sensor,
 )
 
+from pipelines.assets.policy import GPU_TAGS
 from pipelines.ingest import app_id, end_offsets_hint, make_consumer, positions
 from pipelines.lake import Lake
 from pipelines.resources import KafkaResource, LakeResource, TrainerResource
@@ -30,7 +31,7 @@ from schemas.tables import TABLES
 
 ingest_job = define_asset_job("ingest", selection=AssetSelection.groups("bronze"))
 lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold"))
-policy_job = define_asset_job("train", selection=AssetSelection.groups("policy"))
+policy_job = define_asset_job("train", selection=AssetSelection.groups("policy"), tags=GPU_TAGS)
 
 # Evaluates the eager conditions on trajectories and transitions. Dagster creates a default one
 # too, but it starts switched off; this one is on as soon as `dagster dev` or the daemon runs.

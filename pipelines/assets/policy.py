@@ -11,10 +11,24 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 from pipelines.assets.gold import transitions
 from pipelines.resources import TrainerResource
 
+# Where a Kubernetes deployment (deploy/helm: K8sRunLauncher) trains: a pod with one GPU, on a node that
+# has one (the label NVIDIA's GPU feature discovery sets), tolerating the usual GPU taint. The run launcher
+# reads it from the run's tags (the `train` job carries them), the k8s_job_executor from the step's; the
+# local launchers ignore it. `agentlake/gpu` is what the run queue limits (deploy/dagster.yaml).
+GPU_K8S_CONFIG = {
+    "container_config": {"resources": {"limits": {"nvidia.com/gpu": 1}}},
+    "pod_spec_config": {
+        "node_selector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+GPU_TAGS = {"dagster-k8s/config": GPU_K8S_CONFIG, "agentlake/gpu": "1"}
+
 
 @asset(
     group_name="policy",
     deps=[transitions],
+    op_tags=GPU_TAGS,
     description="A new policy version trained on the transitions since the last one, published to vLLM.",
 )
 def policy(context: AssetExecutionContext, trainer: TrainerResource) -> MaterializeResult:
