@@ -3,10 +3,15 @@
 v0001 is a fresh adapter (LoRA B = 0: exactly the base policy). v0002 is trained from it by
 ``train_once`` on transitions that reward one odd answer, so greedy decoding under the served
 adapter name changes once v0002 is published, and changes back after the rollback.
+
+On an object-store lake (real SeaweedFS S3) the trainer's folders are deleted before publishing:
+vLLM then loads what the publisher downloaded from the bucket and verified, as on a serving host
+that never trained.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -15,6 +20,7 @@ import pytest
 
 from tests.fixtures_vllm import VllmServer
 from tests.trainer.helpers import transition, write_transitions
+from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint
 from trainer.config import TrainConfig
 from trainer.publish import Publisher, VllmClient
@@ -29,14 +35,22 @@ ADAPTER = "agentlake-e2e-policy"  # not the base model's name (model.base_served
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_trained_lora_changes_served_outputs_then_rolls_back(vllm_server: VllmServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lake_kind", ["folder", "s3"])
+def test_trained_lora_changes_served_outputs_then_rolls_back(
+    vllm_server: VllmServer, tmp_path: Path, lake_kind: str, request: pytest.FixtureRequest
+) -> None:
     from transformers import AutoTokenizer
 
-    lake = tmp_path / "lake"
+    if lake_kind == "s3":
+        store = request.getfixturevalue("object_store")
+        lake, opts, checkpoints = store.lake_root(), store.storage_options, tmp_path / "trainer-host" / "models"
+    else:
+        lake, opts, checkpoints = str(tmp_path / "lake"), {}, tmp_path / "lake" / "models"
     cfg = TrainConfig(
-        lake_root=str(lake),
+        lake_root=lake,
+        storage_options=opts,
         base_model=str(vllm_server.model_path),
-        checkpoint_dir=str(lake / "models"),
+        checkpoint_dir=str(checkpoints),
         served_name=ADAPTER,
         lora_rank=8,
         lora_alpha=16,
@@ -46,16 +60,25 @@ def test_trained_lora_changes_served_outputs_then_rolls_back(vllm_server: VllmSe
         min_new_transitions=1,
         progress=False,
     )
-    reg = Registry(str(lake))
-    pub = Publisher(registry=reg, vllm_url=vllm_server.url, served_name=ADAPTER)
+    reg = Registry(lake, opts)
+    pub = Publisher(registry=reg, vllm_url=vllm_server.url, served_name=ADAPTER, cache_dir=tmp_path / "serving-host")
     client = VllmClient(vllm_server.url)
     base_text = client.complete(vllm_server.served_name, PROMPT, max_tokens=8)
     assert "banana" not in base_text
 
     # v0001: an untrained adapter, the base policy under the adapter's name
     model, tok = load_policy(cfg)
-    path = save_checkpoint(lake / "models" / "v0001", model=model, tokenizer=tok, cfg=cfg, meta={"version": "v0001"})
-    reg.add(version="v0001", version_number=1, base_model=cfg.base_model, kind="lora", path=str(path))
+    path = save_checkpoint(checkpoints / "v0001", model=model, tokenizer=tok, cfg=cfg, meta={"version": "v0001"})
+    stored = store_version(path, lake_root=lake, version="v0001", storage_options=opts)
+    reg.add(
+        version="v0001",
+        version_number=1,
+        base_model=cfg.base_model,
+        kind="lora",
+        path=str(path),
+        artifact_uri=stored.uri,
+        manifest_sha256=stored.manifest_sha256,
+    )
     try:
         assert pub.publish("v0001").status == "published"
         assert client.complete(ADAPTER, PROMPT, max_tokens=8) == base_text
@@ -66,15 +89,19 @@ def test_trained_lora_changes_served_outputs_then_rolls_back(vllm_server: VllmSe
         good = tokenizer(TARGET)["input_ids"]
         bad = tokenizer(base_text)["input_ids"]
         rows = [transition(i, prompt, good if i % 2 else bad, advantage=1.0 if i % 2 else -1.0) for i in range(8)]
-        write_transitions(lake, [{**r, "response_logprobs": None} for r in rows])
+        write_transitions(lake, [{**r, "response_logprobs": None} for r in rows], storage_options=opts)
         trained = train_once(cfg=cfg)
         assert trained.version == "v0002" and trained.parent_version == "v0001"
+        if lake_kind == "s3":  # from here on, vLLM gets only what the publisher fetched from the bucket
+            shutil.rmtree(checkpoints)
 
         t0 = time.perf_counter()
         assert pub.publish("v0002").status == "published"
         new_text = client.complete(ADAPTER, PROMPT, max_tokens=8)
         latency = time.perf_counter() - t0
         assert "banana" in new_text, new_text
+        if lake_kind == "s3":
+            assert (tmp_path / "serving-host").is_dir() and not checkpoints.exists()
         assert client.complete(vllm_server.served_name, PROMPT, max_tokens=8) == base_text  # base untouched
         print(f"publish -> first response from v0002: {latency:.2f}s")
 
