@@ -1,4 +1,4 @@
-"""`agentlake up / status / down` on the real parts: SeaweedFS, Tansu, the collector and `dagster dev`."""
+"""`agentlake up / status / down` on the real parts: SeaweedFS, Tansu, the collector and Dagster on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
         status = _cli(env, "status")
         assert status.returncode == 0, status.stdout + status.stderr
         # without `weed` the broker falls back to memory and no object store starts
-        parts = ("broker", "collector", "dagster")
+        # Dagster's default (production) profile: PostgreSQL, the code server, the webserver, the daemon
+        parts = ("broker", "collector", "postgres", "dagster-code", "dagster", "dagster-daemon")
         if weed_binary():
             parts = ("objectstore", *parts)
         for part in parts:
