@@ -47,7 +47,10 @@ def topic_limits(
     names = list(dict.fromkeys(topics))
     if not names:
         return {}
-    admin = KafkaAdminClient(**settings.client_config(bootstrap), request_timeout_ms=int(timeout_s * 1000))
+    wait_ms = int(timeout_s * 1000)
+    admin = KafkaAdminClient(
+        **settings.client_config(bootstrap), request_timeout_ms=wait_ms, bootstrap_timeout_ms=wait_ms
+    )
     try:
         # "all": Tansu reports the configs a topic was created with as defaults, which "modified" skips
         described = admin.describe_configs(

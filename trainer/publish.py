@@ -171,7 +171,7 @@ def send_release_event(kafka: KafkaSettings | None, event: dict[str, Any]) -> st
         (topics.HEADER_TENANT, topics.DEFAULT_TENANT.encode()),
     ]
     try:
-        producer = KafkaProducer(**kafka.client_config(), acks="all", request_timeout_ms=15_000)
+        producer = KafkaProducer(**kafka.client_config(role="producer"), acks="all", request_timeout_ms=15_000)
         try:
             producer.send(
                 kafka.models_topic, key=event["served_name"].encode(), value=value.encode(), headers=headers

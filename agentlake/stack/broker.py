@@ -102,7 +102,10 @@ def ensure_topics(
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin = KafkaAdminClient(**settings.client_config(bootstrap), request_timeout_ms=10_000)
+            wait_ms = int(min(10.0, max(1.0, deadline - time.monotonic())) * 1000)
+            admin = KafkaAdminClient(
+                **settings.client_config(bootstrap), request_timeout_ms=10_000, bootstrap_timeout_ms=wait_ms
+            )
             try:
                 existing = set(admin.list_topics())
                 missing = [t for t in wanted if t not in existing]
