@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
-from agentlake.stack import postgres
+from agentlake.stack import postgres, processes
 from agentlake.stack.broker import free_port, port_free
 from agentlake.stack.health import http_ok
 from schemas.config import Settings
@@ -54,6 +54,11 @@ class Part:
 
 def production(settings: Settings) -> bool:
     return settings.dagster.profile == "production"
+
+
+def profile_of(webserver: processes.ManagedProcess) -> str:
+    """The profile a running ``dagster`` part was started in: ``dagster dev`` or the webserver alone."""
+    return "dev" if "dev" in webserver.argv[:5] else "production"
 
 
 def dev_home(settings: Settings) -> Path:
