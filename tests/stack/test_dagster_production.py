@@ -18,6 +18,7 @@ from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 from agentlake.stack import dagster, local, postgres, processes
 from agentlake.stack.broker import free_port
 from schemas.config import KafkaSettings, Settings, load_settings
+from schemas.errors import ConfigError
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record
 
 pytestmark = [
@@ -29,7 +30,7 @@ pytestmark = [
 TIMEOUT_S = 600  # two cores shared with other tests: the daemon's first runs take a while
 
 
-def production_settings(tmp_path: Path, kafka: KafkaSettings) -> Settings:
+def production_settings(tmp_path: Path, kafka: KafkaSettings, **dagster_settings: str) -> Settings:
     return load_settings(
         environ={},
         overrides={
@@ -37,7 +38,7 @@ def production_settings(tmp_path: Path, kafka: KafkaSettings) -> Settings:
             "lake": {"root": str(tmp_path / "lake")},
             "kafka": kafka.model_dump(),
             "collector": {"http_port": free_port(), "grpc_port": free_port()},
-            "dagster": {"profile": "production", "port": free_port()},
+            "dagster": {"profile": "production", "port": free_port(), **dagster_settings},
         },
     )
 
@@ -138,10 +139,21 @@ def test_daemon_on_postgres_materializes_by_sensor(
     assert "received fast shutdown request" in log and "database system is shut down" in log
 
 
-def test_status_tells_profile_and_down_keeps_the_database(tmp_path: Path, kafka_settings: KafkaSettings) -> None:
-    """PostgreSQL alone: its row in `status`, a restart on the same port and password, data kept."""
+def test_local_postgres_restarts_with_its_port_password_and_data(tmp_path: Path, kafka_settings: KafkaSettings) -> None:
+    """PostgreSQL alone: its row in `status`, a fast stop, a restart on the same port and password, data kept."""
+    import psycopg2
+
     settings = production_settings(tmp_path, kafka_settings)
     sdir = local.state_dir(settings)
+
+    def sql(conn: postgres.Connection, query: str) -> list[tuple]:
+        with psycopg2.connect(
+            host=conn.host, port=conn.port, user=conn.user, password=conn.password, dbname=conn.database
+        ) as db:
+            with db.cursor() as cur:
+                cur.execute(query)
+                return cur.fetchall() if cur.description else []
+
     try:
         conn = postgres.start(sdir)
         assert postgres.ok(conn)
@@ -149,10 +161,40 @@ def test_status_tells_profile_and_down_keeps_the_database(tmp_path: Path, kafka_
         row = next(r for r in local.status(settings) if r.name == "postgres")
         assert row.healthy and row.address == conn.address and str(conn.port) in row.address
         assert (sdir / postgres.PASSWORD_FILE).stat().st_mode & 0o077 == 0, "the password file is private"
+        sql(conn, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (7)")
         assert postgres.stop(sdir)
         assert not next(r for r in local.status(settings) if r.name == "postgres").healthy
         again = postgres.start(sdir)
         assert again == conn, "same port and password after a restart"
-        assert postgres.ok(again)
+        assert sql(again, "SELECT n FROM kept") == [(7,)]
     finally:
         postgres.stop(sdir)
+    assert "database system was shut down at" in (sdir / "logs" / "postgres.log").read_text(), "a clean shutdown"
+
+
+def test_external_database_takes_its_password_from_the_environment(
+    tmp_path: Path, kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dagster.postgres_url`` names a database agentlake does not start; the password is only in the environment."""
+    elsewhere = tmp_path / "managed-db"  # a PostgreSQL that stands in for a managed one
+    elsewhere.mkdir()
+    try:
+        db = postgres.start(elsewhere)
+        settings = production_settings(tmp_path, kafka_settings, postgres_url=db.address)
+        monkeypatch.setenv(postgres.PASSWORD_ENV, db.password)
+        assert dagster.connection(settings) == db
+        assert dagster.instance_env(settings)["DAGSTER_PG_PORT"] == str(db.port)
+        row = next(r for r in local.status(settings) if r.name == "postgres")
+        assert row.healthy and row.pid is None and "external" in row.detail
+        monkeypatch.setenv(postgres.PASSWORD_ENV, "not-the-password")
+        assert not next(r for r in local.status(settings) if r.name == "postgres").healthy
+    finally:
+        postgres.stop(elsewhere)
+    assert not (tmp_path / "state" / postgres.DATA_DIR).exists(), "no local cluster for an external database"
+
+
+def test_a_password_in_the_database_url_is_refused() -> None:
+    with pytest.raises(ConfigError, match="DAGSTER_PG_PASSWORD"):
+        load_settings(environ={}, overrides={"dagster": {"postgres_url": "postgresql://u:secret@db:5432/d"}})
+    with pytest.raises(ConfigError, match="postgresql://"):
+        load_settings(environ={}, overrides={"dagster": {"postgres_url": "mysql://u@db/d"}})
