@@ -8,6 +8,7 @@ so it shows up in the UI.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -63,7 +64,8 @@ def run_smoke_demo(settings: Settings, *, on_step: Callable[[str], None] = lambd
     rollouts = emit_synthetic_rollouts(settings)
     on_step("materializing spans -> rewards -> trajectories -> transitions in Dagster")
     materialize_all(settings, bootstrap)
-    lake = Lake(local.child_env(settings, bootstrap)["AGENTLAKE_LAKE"], settings.lake.storage_options)
+    env = local.child_env(settings, bootstrap)  # the lake as the stack's children see it (object store or folder)
+    lake = Lake(env["AGENTLAKE_LAKE"], json.loads(env["AGENTLAKE_LAKE__STORAGE_OPTIONS"]))
     infos = list_tables(lake)
     tables = pa.table(
         {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pyarrow as pa
@@ -20,6 +20,11 @@ from schemas.errors import ConcurrentWriteError, LakeError
 from schemas.tables import PARTITION_COLUMNS, TABLES
 from schemas.uris import table_uri
 
+if TYPE_CHECKING:
+    from schemas.config import Settings
+
+VACUUM_RETENTION_HOURS = 168  # Delta's default: readers of a week-old snapshot still find their files
+
 
 @dataclass(frozen=True)
 class Lake:
@@ -27,6 +32,17 @@ class Lake:
 
     root: str
     storage_options: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Lake:
+        """The settings' lake (``lake.root`` resolved by ``load_settings``: the local stack's one when empty).
+
+        A ``LakeError`` when that lake is in the local object store and the store is not running, rather
+        than a wait on a refused connection or an empty folder in its place.
+        """
+        if settings.lake.unavailable:
+            raise LakeError(settings.lake.unavailable)
+        return cls(settings.lake.root, dict(settings.lake.storage_options))
 
     def uri(self, table: str) -> str:
         if table not in TABLES:
@@ -42,6 +58,14 @@ class Lake:
             return DeltaTable(self.uri(name), storage_options=self._opts())
         except TableNotFoundError:
             return None
+        except OSError as exc:  # delta-rs gives up on a refused connection after its retries (~2 s)
+            if "connect" not in str(exc).lower():
+                raise
+            where = self.storage_options.get("AWS_ENDPOINT_URL") or self.root
+            raise LakeError(
+                f"the lake {self.root} does not answer at {where}: if it is the local stack's object store, "
+                f"run `agentlake up` ({str(exc).splitlines()[0]})"
+            ) from exc
 
     def version(self, name: str) -> int | None:
         dt = self.table(name)
@@ -62,6 +86,33 @@ class Lake:
         if dt is None:
             return None
         return pl.scan_delta(dt)
+
+    def compact(self, name: str) -> dict[str, Any] | None:
+        """Rewrite small files into large ones (a Delta ``optimize``); None when the table does not exist.
+
+        Rows keep their ids and values, and a compaction commit sets no app transaction, so the source
+        positions and the trainer's consumption are unchanged.
+        """
+        dt = self.table(name)
+        return None if dt is None else dt.optimize.compact()
+
+    def vacuum(self, name: str, *, retention_hours: int = VACUUM_RETENTION_HOURS, dry_run: bool = False) -> list[str]:
+        """Delete files no snapshot newer than ``retention_hours`` reads; return them (``dry_run``: only list).
+
+        Below Delta's 7-day default the caller asks for it explicitly: readers of older snapshots lose
+        their files.
+        """
+        dt = self.table(name)
+        if dt is None:
+            return []
+        removed = dt.vacuum(
+            retention_hours=retention_hours,
+            dry_run=dry_run,
+            enforce_retention_duration=retention_hours >= VACUUM_RETENTION_HOURS,
+        )
+        if not dry_run:
+            dt.cleanup_metadata()
+        return list(removed)
 
     def pin(self, name: str) -> DeltaTable:
         """The table's current snapshot, creating the table empty first when it does not exist yet.

@@ -44,8 +44,38 @@ class StateSettings(_Section):
 
 
 class LakeSettings(_Section):
-    root: str = ".agentlake/lake"  # a path or an object-store URI (s3://, gs://, az://, ...)
+    """Where the Delta tables live.
+
+    ``root``: a folder or an object-store URI (``s3://``, ``gs://``, ``az://`` ...), with the credentials in
+    ``storage_options`` (delta-rs's keys: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``GOOGLE_SERVICE_ACCOUNT``,
+    ``AZURE_STORAGE_ACCOUNT_NAME`` ...). A root set anywhere (file, environment) always wins.
+
+    Empty (the default) means the local stack's lake, chosen by ``local_storage``: ``"objectstore"`` is
+    the bucket ``agentlake-lake`` of the local SeaweedFS that `agentlake up` starts (the durable broker's
+    store), ``"folder"`` is ``<state dir>/lake``. Loading settings resolves it: to what the running stack
+    recorded in ``<state>/stack.json``; with no stack running, to the bucket when the store was ever
+    started in this state folder (``<state>/objectstore.ports``), else to the folder. When `weed` is
+    missing, `agentlake up` keeps the lake in the folder, with a warning. The resolved root is never an
+    empty folder standing in for a stopped store: ``unavailable`` says so and lake users refuse to run.
+    """
+
+    root: str = ""
     storage_options: dict[str, str] = Field(default_factory=dict)
+    local_storage: Literal["objectstore", "folder"] = "objectstore"
+    # Set by ``load_settings``: the root is the local stack's lake (not a user's), and, when that lake is
+    # in a local object store that does not answer, why it cannot be used now.
+    _local: bool = PrivateAttr(default=False)
+    _unavailable: str = PrivateAttr(default="")
+
+    @property
+    def is_local(self) -> bool:
+        """True when the lake is the local stack's (``root`` left empty by the user)."""
+        return self._local or not self.root.strip()
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the lake cannot be reached now (its local object store is stopped), else None."""
+        return self._unavailable or None
 
 
 # Room in one Kafka record batch beyond its value: the key, the headers and the batch header.
@@ -395,10 +425,11 @@ def _format(err: ValidationError, sources: Mapping[str, str]) -> str:
 
 STACK_FILE = "stack.json"  # under the state dir, written by `agentlake up`, removed by `agentlake down`
 STACK_FILE_VERSION = 1
-# Settings a stack file may supply (addresses and paths only; never credentials).
+# Settings a stack file may supply: addresses and paths, and the local object store's storage options
+# (its fixed local keys; a user's own credentials stay in their settings and are never recorded).
 STACK_KEYS: dict[str, tuple[str, ...]] = {
     "kafka": ("bootstrap_servers",),
-    "lake": ("root",),
+    "lake": ("root", "storage_options"),
     "collector": ("host", "http_port", "grpc_port"),
     "gateway": ("host", "port"),
     "vllm": ("host", "port"),
@@ -512,13 +543,16 @@ def load_settings(
     if overrides:
         data = _merge(data, {k: dict(v) for k, v in overrides.items()})
     local_broker = ""
+    state = data.get("state")
+    state_dir = state.get("dir") if isinstance(state, Mapping) else None
+    if not isinstance(state_dir, str | os.PathLike):
+        state_dir = StateSettings().dir
+    live: dict[str, dict[str, Any]] = {}
     if discover:
-        state = data.get("state")
-        state_dir = state.get("dir") if isinstance(state, Mapping) else None
-        if not isinstance(state_dir, str | os.PathLike):
-            state_dir = StateSettings().dir
         live, own_broker = _live_stack(state_dir)
         for section, values in live.items():
+            if section == "lake":  # resolved below, with the rest of the local lake's rule
+                continue
             current = data.get(section)
             current = dict(current) if isinstance(current, Mapping) else {}
             # Explicit settings win; an empty Kafka address means "the local broker", so it is found.
@@ -529,9 +563,59 @@ def load_settings(
                 data[section] = {**current, **found}
             if section == "kafka" and own_broker and "bootstrap_servers" in found:
                 local_broker = str(found["bootstrap_servers"]).strip()
+    lake = dict(data["lake"]) if isinstance(data.get("lake"), Mapping) else {}
+    local_lake = not str(lake.get("root") or "").strip()
+    unavailable = ""
+    if local_lake:
+        found, where, unavailable = _local_lake(lake, state_dir, live.get("lake") if discover else None, discover)
+        for key in found:
+            sources[f"lake.{key}"] = where
+        data["lake"] = {**lake, **found}
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format(exc, sources)) from exc
     settings.kafka._local_broker = local_broker
+    settings.lake._local = local_lake
+    settings.lake._unavailable = unavailable
     return settings
+
+
+def _local_lake(
+    lake: Mapping[str, Any],
+    state_dir: str | os.PathLike[str],
+    recorded: Mapping[str, Any] | None,
+    discover: bool,
+) -> tuple[dict[str, Any], str, str]:
+    """Where a lake left empty lives: (root and storage options, where that was read, why it is unavailable).
+
+    The running stack's record first; with none running, the local object store's bucket when that
+    store was ever started here (its ports file), else ``<state>/lake``. A user's own storage options
+    are kept. ``discover=False`` reads neither file: the folder.
+    """
+    folder = str(Path(state_dir) / "lake")
+    mode = lake.get("local_storage", "objectstore")
+    if recorded and recorded.get("root"):
+        found: dict[str, Any] = {"root": recorded["root"]}
+        if not lake.get("storage_options") and isinstance(recorded.get("storage_options"), Mapping):
+            found["storage_options"] = dict(recorded["storage_options"])
+        return found, str(stack_file(state_dir)), ""
+    if not discover or mode == "folder":
+        return {"root": folder}, "lake.local_storage" if mode == "folder" else "defaults", ""
+    from agentlake.stack import objectstore  # the local store's layout; imported only for a local lake
+
+    ports_file = Path(state_dir) / objectstore.PORTS_FILE
+    ports = objectstore.read_ports(ports_file)
+    if not ports or not isinstance(ports.get("s3"), int):
+        return {"root": folder}, "defaults (no local object store was started yet)", ""
+    endpoint = objectstore.endpoint_of(ports)
+    found = {"root": objectstore.LAKE_ROOT}
+    if not lake.get("storage_options"):
+        found["storage_options"] = objectstore.lake_storage_options(endpoint)
+    unavailable = ""
+    if not objectstore.listening(endpoint):
+        unavailable = (
+            f"the lake is in the local object store at {endpoint} ({objectstore.LAKE_ROOT}), which is not running: "
+            "run `agentlake up` (or set lake.root to use another lake)"
+        )
+    return found, str(ports_file), unavailable

@@ -1,4 +1,8 @@
-"""`agentlake query | tables | replay`: the lake from the command line (logic in pipelines.query/replay)."""
+"""`agentlake query | tables | replay | lake ...`: the lake from the command line (logic in pipelines).
+
+The lake is the settings' (``lake.root``; empty: the local stack's, in the object store's bucket by
+default), on a folder or an object store alike.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ def _lake(config: str | None):  # noqa: ANN202 - returns pipelines.lake.Lake, im
     from pipelines.lake import Lake
 
     s = settings_or_exit(config)
-    return s, Lake(s.lake.root, dict(s.lake.storage_options))
+    return s, Lake.from_settings(s)
 
 
 def _render(table: pa.Table, fmt: str, output: str | None) -> None:
@@ -110,7 +114,9 @@ def replay(
         console.print(f"{step}: {res if isinstance(res, int) else res.metadata()}")
 
 
-lake_app = typer.Typer(name="lake", help="Lake maintenance: accept a reset Kafka log.", no_args_is_help=True)
+lake_app = typer.Typer(
+    name="lake", help="Lake maintenance: compact, vacuum, accept a reset Kafka log.", no_args_is_help=True
+)
 app.add_typer(lake_app, name="lake")
 
 
@@ -144,3 +150,46 @@ def accept_reset(
         console.print(f"{kind}: accepted epoch {done['epoch']} of {name} (table version {done['version']})")
         for p, part in sorted(done["partitions"].items(), key=lambda kv: int(kv[0])):
             console.print(f"  partition {p}: {part['broker']}; new records from lake offset {part['base']}")
+
+
+def _tables(table: str) -> list[str]:
+    from schemas.tables import TABLES
+
+    if table != "all" and table not in TABLES:
+        raise typer.BadParameter(f"--table must be all or one of {', '.join(TABLES)}")
+    return list(TABLES) if table == "all" else [table]
+
+
+@lake_app.command("compact")
+@handle_errors
+def compact(
+    table: str = typer.Option("all", "--table", help="a table name, or all"),
+    config: str | None = ConfigOption,
+) -> None:
+    """Rewrite each table's small files into large ones (Delta optimize); rows and positions are unchanged."""
+    _, lake = _lake(config)
+    for name in _tables(table):
+        metrics = lake.compact(name)
+        if metrics is None:
+            continue
+        console.print(
+            f"{name}: {metrics.get('numFilesRemoved', 0)} files -> {metrics.get('numFilesAdded', 0)} "
+            f"(version {lake.version(name)})"
+        )
+
+
+@lake_app.command("vacuum")
+@handle_errors
+def vacuum(
+    table: str = typer.Option("all", "--table", help="a table name, or all"),
+    retention_hours: int = typer.Option(
+        168, "--retention-hours", min=0, help="keep files newer snapshots or this many hours of history read"
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the files only"),
+    config: str | None = ConfigOption,
+) -> None:
+    """Delete files that no snapshot within the retention reads (after compaction or rewrites)."""
+    _, lake = _lake(config)
+    for name in _tables(table):
+        removed = lake.vacuum(name, retention_hours=retention_hours, dry_run=dry_run)
+        console.print(f"{name}: {'would delete' if dry_run else 'deleted'} {len(removed)} files")

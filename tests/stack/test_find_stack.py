@@ -97,7 +97,7 @@ def test_a_stale_stack_file_is_ignored(tmp_path: Path) -> None:
     dead = _dead_process()
     _write_stack(state, {"broker": dead, "collector": dead}, kafka={"bootstrap_servers": "127.0.0.1:19092"})
     s = load_settings(environ={"AGENTLAKE_STATE_DIR": str(state)})
-    assert s.kafka.bootstrap_servers == "" and s.lake.root == ".agentlake/lake"
+    assert s.kafka.bootstrap_servers == "" and s.lake.root == str(state / "lake")  # no store started here: folder
 
     # A recycled pid: the process runs, but it is not the one recorded (another start time).
     me = psutil.Process()
