@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from collectors.errors import CollectorError, SinkUnavailable, Unauthorized
+from collectors.errors import CollectorError, RecordTooLarge, SinkUnavailable, Unauthorized
 from collectors.records import BodyFormat, Record, TraceSplit, decode_traces, reward_records, split_traces
 from collectors.sink import RecordSink
 from schemas.config import CollectorSettings, KafkaSettings
@@ -143,6 +143,10 @@ class Collector:
             raise SinkUnavailable(
                 f"Kafka did not acknowledge within {self.settings.produce_timeout_s:.1f}s; retry later"
             ) from exc
+        except RecordTooLarge as exc:  # the sender is told (413); the operator is too, with the trace id
+            self.stats.failures += 1
+            log.warning("refused with 413: %s", exc)
+            raise
         except CollectorError:
             self.stats.failures += 1
             raise
