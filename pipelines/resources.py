@@ -6,6 +6,7 @@ and a test broker, and a deployment sets them with environment variables.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -27,31 +28,34 @@ class LakeResource(ConfigurableResource):
         return Lake(self.root, dict(self.storage_options))
 
 
+# Kept out of the resource's config (which Dagster shows): read again from this process's settings.
+KAFKA_SECRETS = ("sasl_password", "ssl_key_password")
+
+
 class KafkaResource(ConfigurableResource):
-    """Kafka connection and topic names (the agentlake `kafka` settings section, as JSON-able fields)."""
+    """The agentlake `kafka` settings section: servers and topics, and the rest (security, TLS files,
+    sizes, CRC checks) as JSON in ``options_json``, so every Kafka setting reaches ingestion's clients.
+    The passwords are not part of it: they come from the environment or agentlake.toml of the process."""
 
     bootstrap_servers: str
     spans_topic: str
     rewards_topic: str
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = None
+    options_json: str = "{}"
     batch_records: int = 2000
 
     def settings(self) -> KafkaSettings:
+        loaded = load_settings().kafka
         # Empty: the code location loaded before `agentlake up`; look for the running stack now.
-        bootstrap = self.bootstrap_servers or load_settings().kafka.bootstrap_servers
+        bootstrap = self.bootstrap_servers or loaded.bootstrap_servers
         if not bootstrap:
             raise ConfigError("no Kafka address: start the stack with `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
+        options = json.loads(self.options_json)
         return KafkaSettings(
+            **options,
+            **{key: getattr(loaded, key) for key in KAFKA_SECRETS},
             bootstrap_servers=bootstrap,
             spans_topic=self.spans_topic,
             rewards_topic=self.rewards_topic,
-            security_protocol=self.security_protocol,  # type: ignore[arg-type]
-            sasl_mechanism=self.sasl_mechanism,
-            sasl_username=self.sasl_username,
-            sasl_password=self.sasl_password,
         )
 
 
@@ -97,10 +101,9 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             bootstrap_servers=s.kafka.bootstrap_servers,  # explicit, else the running `agentlake up`
             spans_topic=s.kafka.spans_topic,
             rewards_topic=s.kafka.rewards_topic,
-            security_protocol=s.kafka.security_protocol,
-            sasl_mechanism=s.kafka.sasl_mechanism,
-            sasl_username=s.kafka.sasl_username,
-            sasl_password=s.kafka.sasl_password,
+            options_json=s.kafka.model_dump_json(
+                exclude={"bootstrap_servers", "spans_topic", "rewards_topic", *KAFKA_SECRETS}
+            ),
         ),
         "policy": PolicyResource(tokenizer_path=model_dir, credit=credit, idle_timeout_s=idle),
         "trainer": TrainerResource(),

@@ -197,13 +197,17 @@ def test_librdkafka_reads_the_files_it_is_given(tls: TlsFiles, tmp_path: Path) -
         Consumer({**wrong_password.librdkafka_config(), "group.id": "t"})
 
 
-def test_every_construction_site_uses_the_settings(tls: TlsFiles, tmp_path: Path) -> None:
-    """The collector's and gateway's producers and ingestion's fetcher, built from SASL_SSL settings."""
+def test_every_construction_site_uses_the_settings(
+    tls: TlsFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector's and gateway's producers, Dagster's Kafka resource and ingestion's fetcher,
+    built from SASL_SSL settings with a client certificate."""
     from confluent_kafka import KafkaException
 
     from collectors.gateway.server import GatewayServer
     from collectors.server import CollectorServer
     from pipelines.ingest import fetch_config, make_fetcher
+    from pipelines.resources import resources_from_settings
 
     s: Settings = load_settings(
         environ={},
@@ -220,7 +224,13 @@ def test_every_construction_site_uses_the_settings(tls: TlsFiles, tmp_path: Path
         assert {key: cfg[key] for key in security} == security
         assert cfg["max_request_size"] == k.max_message_bytes
         assert cfg["batch_size"] <= k.max_message_bytes
-    fetch = fetch_config(k)
+    # Dagster's resource carries the whole section but the passwords, which it reads from the environment
+    resource = resources_from_settings(s)["kafka"]
+    assert "s3cret" not in resource.options_json and KEY_PASSWORD not in resource.options_json
+    monkeypatch.setenv("AGENTLAKE_KAFKA__SASL_PASSWORD", "s3cret")
+    monkeypatch.setenv("AGENTLAKE_KAFKA__SSL_KEY_PASSWORD", KEY_PASSWORD)
+    assert resource.settings() == k
+    fetch = fetch_config(resource.settings())
     for key, value in k.librdkafka_config(role="consumer").items():
         if key.endswith(".bytes"):  # ingestion may fetch more at once, never less
             assert fetch[key] >= value, key
