@@ -132,3 +132,24 @@ def test_a_record_refused_after_sending_is_413_and_the_producer_carries_on(setti
         small,
         later,
     }
+
+
+def test_the_largest_body_the_collector_takes_fits_one_record_by_default() -> None:
+    """Defaults agree: a single trace filling collector.max_body_bytes is one record under kafka.max_message_bytes."""
+    from collectors.records import split_traces
+    from collectors.topic_limits import record_size
+    from schemas.config import load_settings
+
+    s = load_settings(environ={}, discover=False)
+    body, (trace,) = trace_request(s.collector.max_body_bytes - 200)
+    assert s.collector.max_body_bytes - 1000 < len(body) <= s.collector.max_body_bytes
+    split = split_traces(
+        ExportTraceServiceRequest.FromString(body),
+        tenant="a-long-tenant-name",
+        topic="t",
+        received_at_ns=1,
+        original=body,
+    )
+    (record,) = split.records
+    assert record.key == trace.encode()
+    assert len(body) < record_size(record) <= s.kafka.max_message_bytes
