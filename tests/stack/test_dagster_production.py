@@ -125,7 +125,7 @@ def test_daemon_on_postgres_materializes_by_sensor(
         assert traj["rollout_id"].to_list() == ["r0", "r1", "r2"]
         assert traj["final_reward"].to_list() == [1.0, 0.0, 0.5]
         print(
-            f"\nproduction profile: up {up_s:.1f}s (postgres+code server+webserver+daemon after the collector); "
+            f"\nproduction profile: up {up_s:.1f}s (collector, postgres, code server, webserver, daemon); "
             f"spans materialized {marks['spans']:.1f}s, trajectories {marks['trajectories']:.1f}s, "
             f"transitions {marks['transitions']:.1f}s after producing"
         )
