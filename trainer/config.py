@@ -111,9 +111,10 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
             f"trainer.lora_rank ({t.lora_rank}) is above vllm.max_lora_rank ({settings.vllm.max_lora_rank}); "
             "vLLM would refuse the adapter: lower one or raise the other"
         )
+    root, storage_options = lake_of(settings)
     values: dict[str, Any] = dict(
-        lake_root=settings.lake.root,
-        storage_options=dict(settings.lake.storage_options),
+        lake_root=root,
+        storage_options=storage_options,
         min_new_transitions=t.min_new_transitions,
         base_model=settings.model.base,
         model_dir=str(settings.model.cache_dir),
@@ -136,10 +137,18 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
     return TrainConfig.from_dict({**values, **overrides})
 
 
+def lake_of(settings: Settings) -> tuple[str, dict[str, str]]:
+    """The lake root and its storage options; a clear error when it is the local store and that is stopped."""
+    if settings.lake.unavailable:
+        raise TrainerError(settings.lake.unavailable)
+    return settings.lake.root, dict(settings.lake.storage_options)
+
+
 def local_model_dir(settings: Settings) -> Path:
     """Where version folders live on this machine: ``<lake>/models`` for a local lake (the folders are
     the stored artifacts, ``trainer.artifacts``), else ``<state dir>/models`` (vLLM loads local paths;
     the lake's object store holds the uploaded copy, and downloads of versions land here too)."""
     root = settings.lake.root
-    base = Path(local_path(root)) if is_local(root) else settings.state.dir.expanduser().absolute()
+    local = bool(root.strip()) and is_local(root)  # empty: not resolved by load_settings; treat as remote
+    base = Path(local_path(root)) if local else settings.state.dir.expanduser().absolute()
     return base / "models"

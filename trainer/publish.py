@@ -211,12 +211,12 @@ class Publisher:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
-        from trainer.config import local_model_dir
+        from trainer.config import lake_of, local_model_dir
 
         gw = settings.gateway
         kwargs.setdefault("cache_dir", local_model_dir(settings))
         return cls(
-            registry=Registry(settings.lake.root, dict(settings.lake.storage_options)),
+            registry=Registry(*lake_of(settings)),
             vllm_url=vllm_url or settings.vllm.url,
             served_name=settings.model.served_name,
             gateway_url=f"http://{gw.host}:{gw.port}",

@@ -15,9 +15,10 @@ from schemas.config import Settings
 
 
 def _registry(settings: Settings):  # noqa: ANN202 - keeps the trainer import lazy
+    from trainer.config import lake_of
     from trainer.registry import Registry
 
-    return Registry(settings.lake.root, dict(settings.lake.storage_options))
+    return Registry(*lake_of(settings))
 
 
 def _restart_local_vllm(settings: Settings):  # noqa: ANN202

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from agentlake.stack.broker import free_port
 from schemas.config import load_settings
 from tests.trainer.helpers import transition, write_transitions
 from trainer.config import TrainConfig, config_from_settings
@@ -127,6 +129,12 @@ def test_config_from_settings(tmp_path: Path) -> None:
         environ={}, overrides={"lake": {"root": "s3://bucket/lake"}, "state": {"dir": str(tmp_path / "state")}}
     )
     assert config_from_settings(remote).checkpoint_dir == str(tmp_path / "state" / "models")
+    # The local stack's lake in its object store, which is stopped: one clear error, before any read.
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "objectstore.ports").write_text(json.dumps({"s3": free_port()}))
+    with pytest.raises(TrainerError, match="not running: run `agentlake up`"):
+        config_from_settings(load_settings(environ={}, overrides={"state": {"dir": str(stopped)}}))
     too_big = load_settings(environ={}, overrides={"trainer": {"lora_rank": 64}})
     with pytest.raises(TrainerError, match="max_lora_rank"):
         config_from_settings(too_big)
