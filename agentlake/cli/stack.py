@@ -10,6 +10,7 @@ from rich.table import Table
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
 from agentlake.stack import local
+from agentlake.stack.dagster import NO_POSTGRES_WARNING
 from agentlake.stack.health import gateway_spill
 from schemas.config import stack_file
 
@@ -51,6 +52,7 @@ def up(
     settings = settings_or_exit(config)
     if profile is not None:
         settings.dagster.profile = profile.value
+    asked = settings.dagster.profile
     with console.status("starting") as spinner:
         rows = local.up(
             settings, with_vllm=vllm, with_dagster=dagster, on_step=lambda part: spinner.update(f"starting {part}")
@@ -58,6 +60,8 @@ def up(
     console.print(_render(rows))
     if any(r.name == "broker" and "IN MEMORY" in r.detail for r in rows):
         console.print(f"[yellow]warning:[/] {local.NO_WEED_WARNING}")
+    if dagster and asked == "production" and settings.dagster.profile == "dev":  # fell back: no PostgreSQL
+        console.print(f"[yellow]warning:[/] {NO_POSTGRES_WARNING}")
     console.print(f"logs: {local.state_dir(settings) / 'logs'}   stop with: agentlake down")
     console.print(f"other tools find this stack through {stack_file(local.state_dir(settings))}")
 

@@ -37,6 +37,10 @@ SQLALCHEMY_SCHEME = "postgresql+psycopg2"
 LOCATION_NAME = "pipelines"
 PRODUCTION_HOME = "dagster"  # under the state folder
 CODE_PART, WEBSERVER_PART, DAEMON_PART = "dagster-code", "dagster", "dagster-daemon"
+NO_POSTGRES_WARNING = (
+    "Dagster's production profile needs PostgreSQL (apt-get install postgresql, or dagster.postgres_url): "
+    "running `dagster dev` on SQLite instead (the dev profile)"
+)
 # what a healthy daemon heartbeats for on this instance (the others are off in dagster.yaml)
 DAEMON_HEALTH_QUERY = "{ instance { daemonHealth { allDaemonStatuses { daemonType required healthy } } } }"
 

@@ -386,6 +386,10 @@ def up(
     A lake left empty in the settings is put in place first (``start_lake``), and ``settings.lake``
     then names it, as the children and the stack file see it.
     """
+    if with_dagster and dagster.production(settings) and not settings.dagster.postgres_url and not postgres.bin_dir():
+        _log_line(settings, dagster.WEBSERVER_PART, dagster.NO_POSTGRES_WARNING)
+        logger.warning(dagster.NO_POSTGRES_WARNING)
+        settings.dagster.profile = "dev"
     webserver = processes.read(state_dir(settings), dagster.WEBSERVER_PART)
     if with_dagster and webserver is not None and webserver.is_running():
         running = dagster.profile_of(webserver)

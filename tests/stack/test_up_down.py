@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agentlake.stack import postgres
 from agentlake.stack.broker import free_port
 from agentlake.stack.objectstore import weed_binary
 
@@ -43,8 +44,11 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
         status = _cli(env, "status")
         assert status.returncode == 0, status.stdout + status.stderr
         # without `weed` the broker falls back to memory and no object store starts
-        # Dagster's default (production) profile: PostgreSQL, the code server, the webserver, the daemon
+        # Dagster's default (production) profile: PostgreSQL, the code server, the webserver, the daemon;
+        # without PostgreSQL installed, `dagster dev` (the dev profile)
         parts = ("broker", "collector", "postgres", "dagster-code", "dagster", "dagster-daemon")
+        if postgres.bin_dir() is None:
+            parts = ("broker", "collector", "dagster")
         if weed_binary():
             parts = ("objectstore", *parts)
         for part in parts:
