@@ -41,7 +41,7 @@ NO_POSTGRES_WARNING = (
     "Dagster's production profile needs PostgreSQL (apt-get install postgresql, or dagster.postgres_url): "
     "running `dagster dev` on SQLite instead (the dev profile)"
 )
-# what a healthy daemon heartbeats for on this instance (the others are off in dagster.yaml)
+# the daemons' heartbeats, as the webserver reads them from the instance's database
 DAEMON_HEALTH_QUERY = "{ instance { daemonHealth { allDaemonStatuses { daemonType required healthy } } } }"
 
 
