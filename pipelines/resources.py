@@ -15,16 +15,24 @@ from dagster import ConfigurableResource
 from pipelines.lake import Lake
 from pipelines.retokenize import Retokenizer, load, tokenizer_dir
 from schemas.config import CreditSettings, KafkaSettings, Settings, load_settings
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, LakeError
 
 
 class LakeResource(ConfigurableResource):
-    """Where the Delta tables live: a folder or an object-store URI plus storage options."""
+    """Where the Delta tables live: a folder or an object-store URI plus storage options.
+
+    From settings (``resources_from_settings``): under `agentlake up` the stack's lake (by default the
+    local object store's bucket, its options in ``AGENTLAKE_LAKE__STORAGE_OPTIONS``). ``unavailable``
+    carries why a local store's lake cannot be reached (it is stopped), so a run says so at once.
+    """
 
     root: str
     storage_options: dict[str, str] = {}
+    unavailable: str = ""
 
     def lake(self) -> Lake:
+        if self.unavailable:
+            raise LakeError(self.unavailable)
         return Lake(self.root, dict(self.storage_options))
 
 
@@ -96,7 +104,9 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
     credit = s.credit.model_dump()
     idle = credit.pop("idle_timeout_s")
     return {
-        "lake": LakeResource(root=s.lake.root, storage_options=dict(s.lake.storage_options)),
+        "lake": LakeResource(
+            root=s.lake.root, storage_options=dict(s.lake.storage_options), unavailable=s.lake.unavailable or ""
+        ),
         "kafka": KafkaResource(
             bootstrap_servers=s.kafka.bootstrap_servers,  # explicit, else the running `agentlake up`
             spans_topic=s.kafka.spans_topic,
