@@ -590,28 +590,27 @@ def _local_lake(
     """Where a lake left empty lives: (root and storage options, where that was read, why it is unavailable).
 
     The running stack's record first; with none running, the local object store's bucket when that
-    store was ever started here (its ports file), else ``<state>/lake``. A user's own storage options
-    are kept. ``discover=False`` reads neither file: the folder.
+    store was ever started here (its ports file), else ``<state>/lake``. The local store's options
+    replace any the user set (as `agentlake up` does): those belong to a lake of their own.
+    ``discover=False`` reads neither file: the folder.
     """
     folder = str(Path(state_dir) / "lake")
     mode = lake.get("local_storage", "objectstore")
     if recorded and recorded.get("root"):
-        found: dict[str, Any] = {"root": recorded["root"]}
-        if not lake.get("storage_options") and isinstance(recorded.get("storage_options"), Mapping):
-            found["storage_options"] = dict(recorded["storage_options"])
+        options = recorded.get("storage_options")
+        found: dict[str, Any] = {"root": recorded["root"], "storage_options": dict(options or {})}
         return found, str(stack_file(state_dir)), ""
     if not discover or mode == "folder":
-        return {"root": folder}, "lake.local_storage" if mode == "folder" else "defaults", ""
+        where = "lake.local_storage" if mode == "folder" else "defaults"
+        return {"root": folder, "storage_options": {}}, where, ""
     from agentlake.stack import objectstore  # the local store's layout; imported only for a local lake
 
     ports_file = Path(state_dir) / objectstore.PORTS_FILE
     ports = objectstore.read_ports(ports_file)
     if not ports or not isinstance(ports.get("s3"), int):
-        return {"root": folder}, "defaults (no local object store was started yet)", ""
+        return {"root": folder, "storage_options": {}}, "defaults (no local object store was started yet)", ""
     endpoint = objectstore.endpoint_of(ports)
-    found = {"root": objectstore.LAKE_ROOT}
-    if not lake.get("storage_options"):
-        found["storage_options"] = objectstore.lake_storage_options(endpoint)
+    found = {"root": objectstore.LAKE_ROOT, "storage_options": objectstore.lake_storage_options(endpoint)}
     unavailable = ""
     if not objectstore.listening(endpoint):
         unavailable = (
