@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from schemas import topics
+from schemas import local_store, topics
 from schemas.errors import ConfigError
 
 ENV_PREFIX = "AGENTLAKE_"
@@ -603,18 +603,16 @@ def _local_lake(
     if not discover or mode == "folder":
         where = "lake.local_storage" if mode == "folder" else "defaults"
         return {"root": folder, "storage_options": {}}, where, ""
-    from agentlake.stack import objectstore  # the local store's layout; imported only for a local lake
-
-    ports_file = Path(state_dir) / objectstore.PORTS_FILE
-    ports = objectstore.read_ports(ports_file)
+    ports_file = Path(state_dir) / local_store.PORTS_FILE
+    ports = local_store.read_ports(ports_file)
     if not ports or not isinstance(ports.get("s3"), int):
         return {"root": folder, "storage_options": {}}, "defaults (no local object store was started yet)", ""
-    endpoint = objectstore.endpoint_of(ports)
-    found = {"root": objectstore.LAKE_ROOT, "storage_options": objectstore.lake_storage_options(endpoint)}
+    endpoint = local_store.endpoint_of(ports)
+    found = {"root": local_store.LAKE_ROOT, "storage_options": local_store.lake_storage_options(endpoint)}
     unavailable = ""
-    if not objectstore.listening(endpoint):
+    if not local_store.listening(endpoint):
         unavailable = (
-            f"the lake is in the local object store at {endpoint} ({objectstore.LAKE_ROOT}), which is not running: "
+            f"the lake is in the local object store at {endpoint} ({local_store.LAKE_ROOT}), which is not running: "
             "run `agentlake up` (or set lake.root to use another lake)"
         )
     return found, str(ports_file), unavailable

@@ -21,16 +21,21 @@ from pathlib import Path
 import httpx
 
 from agentlake.stack.processes import StackError
+from schemas.local_store import (  # noqa: F401 - the store's layout, shared with settings resolution
+    ACCESS_KEY,
+    LAKE_BUCKET,
+    LAKE_ROOT,
+    PORTS_FILE,
+    REGION,
+    SECRET_KEY,
+    endpoint_of,
+    lake_storage_options,
+    listening,
+    read_ports,
+)
 
 OBJECTSTORE_DIR = "objectstore"
-PORTS_FILE = "objectstore.ports"
 BROKER_BUCKET = "tansu"
-LAKE_BUCKET = "agentlake-lake"  # the default lake: s3://agentlake-lake/ on the same store
-LAKE_ROOT = f"s3://{LAKE_BUCKET}"
-# The store's one identity (its S3 config file): every client (Tansu, delta-rs, DuckDB, pyarrow) signs with it.
-ACCESS_KEY = "agentlake"
-SECRET_KEY = "agentlake"
-REGION = "us-east-1"
 PORT_NAMES = ("s3", "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3_grpc")
 
 
@@ -53,14 +58,6 @@ def choose_ports(remembered: dict[str, int] | None) -> dict[str, int]:
         if p not in ports.values():
             ports[PORT_NAMES[len(ports)]] = p
     return ports
-
-
-def read_ports(path: Path) -> dict[str, int] | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def write_ports(path: Path, ports: dict[str, int]) -> None:
@@ -159,40 +156,3 @@ def s3_env(endpoint: str) -> dict[str, str]:
         "AWS_ENDPOINT": endpoint,
         "AWS_ALLOW_HTTP": "true",
     }
-
-
-def lake_storage_options(endpoint: str) -> dict[str, str]:
-    """delta-rs storage options (the lake's ``lake.storage_options``) for a bucket of this store.
-
-    ``AWS_CONDITIONAL_PUT=etag`` spells out what makes concurrent writers safe: delta-rs 1.x commits
-    ``_delta_log/<version>.json`` as a create-only put (``If-None-Match: *``), so of two writers racing
-    for one version exactly one wins and the other retries on top of it. SeaweedFS answers the loser
-    412 (checked in tests/lake/test_concurrent_writers.py); ``disabled`` would make every commit fail,
-    and ``AWS_S3_ALLOW_UNSAFE_RENAME`` no longer changes how delta-rs 1.x commits.
-    """
-    return {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_REGION": REGION,
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_CONDITIONAL_PUT": "etag",
-    }
-
-
-def endpoint_of(ports: dict[str, int]) -> str:
-    """The S3 endpoint of a store with these ports (it listens on 127.0.0.1)."""
-    return f"http://127.0.0.1:{ports['s3']}"
-
-
-def listening(endpoint: str, *, timeout_s: float = 0.5) -> bool:
-    """True when something accepts TCP connections at ``endpoint`` (cheap: a refused port answers at once)."""
-    import socket
-
-    hostport = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    host, _, port = hostport.rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
