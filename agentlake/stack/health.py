@@ -46,7 +46,8 @@ def _size(n: Any) -> str:
 
 
 def kafka_ok(settings: KafkaSettings, bootstrap: str, *, timeout_s: float = 5.0) -> bool:
-    """True when the broker answers a metadata request."""
+    """True when the broker answers a metadata request within ``timeout_s`` (also its bootstrap: an
+    unreachable broker or a failed TLS handshake would otherwise hold `agentlake status` for 30 s)."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
@@ -54,6 +55,7 @@ def kafka_ok(settings: KafkaSettings, bootstrap: str, *, timeout_s: float = 5.0)
         admin = KafkaAdminClient(
             **settings.client_config(bootstrap),
             request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
         )
     except (KafkaError, OSError, ValueError):
         return False
