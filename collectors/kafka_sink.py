@@ -1,25 +1,28 @@
 """``KafkaSink``: the ``RecordSink`` that writes to Kafka with no loss, and a broker liveness probe.
 
-The producer is idempotent with ``acks=all`` and unbounded retries inside a long delivery
-timeout, so a broker that stalls for a while still gets each record exactly once. ``send`` never
-blocks the event loop: kafka-python appends to its accumulator and a sender thread does the I/O;
-acknowledgements come back through one ``call_soon_threadsafe`` per call, not per record.
-Backpressure: when more than ``max_pending_bytes`` wait for acknowledgement, ``send`` raises
-``SinkBusy`` at once (the receivers answer 429) instead of growing memory without bound.
+The producer is confluent-kafka (librdkafka), configured by ``KafkaSettings.librdkafka_config``:
+idempotent with ``acks=all`` and retries inside a long delivery timeout, so a broker that stalls for
+a while still gets each record exactly once. ``send`` never blocks the event loop: ``produce``
+appends to librdkafka's queue, its threads do the I/O, and one poll thread per producer serves the
+delivery reports; a request's acknowledgement comes back through one ``call_soon_threadsafe`` per
+call, not per record. Backpressure: when more than ``max_pending_bytes`` wait for acknowledgement
+(or librdkafka's queue is full), ``send`` raises ``SinkBusy`` at once (the receivers answer 429)
+instead of growing memory without bound.
 
-Record size: ``kafka.max_message_bytes`` is the producer's largest request, and each topic may take
-less (its ``max.message.bytes``, read at connect). ``send`` checks every record first and raises
+Record size: ``kafka.max_message_bytes`` is the producer's ``message.max.bytes``, and each topic may
+take less (its ``max.message.bytes``, read at connect). ``send`` checks every record first and raises
 ``RecordTooLarge`` (413) naming the trace, its size and the limit before producing any of them: a
-request is written whole or not at all. A record Kafka refuses as too large after all (a topic
-lowered since we connected) is a ``RecordTooLarge`` too; records of the same call that Kafka took
-stay written, and the topics' limits are read again so the next such record is refused up front.
+request is written whole or not at all. A record refused as too large after all (``MSG_SIZE_TOO_LARGE``
+from librdkafka or the broker: a topic lowered since we connected) is a ``RecordTooLarge`` too; records
+of the same call that Kafka took stay written, and the topics' limits are read again so the next such
+record is refused up front.
 
-Recovery: an idempotent producer that lost its broker can end in a fatal state for good (a broker
-restarted without its producer state answers the epoch bump with ``InitProducerId: UnknownError``).
-When a send fails, or the producer is found fatal, the sink closes it, fails every send still
-waiting on it (never an acknowledgement that Kafka did not give) and connects a new one in the
-background, retrying until the broker answers; ``send`` answers ``SinkUnavailable`` meanwhile.
-``problem()`` says, in words, why a send would not succeed now (None when it would).
+Recovery: an idempotent producer that lost its broker can end in a fatal state for good (librdkafka's
+``_FATAL``, e.g. a broker restarted without its producer state), or retry for ever without an
+acknowledgement. When a send fails, or the producer is found fatal or stuck, the sink closes it, fails
+every send still waiting on it (never an acknowledgement that Kafka did not give) and connects a new
+one in the background, retrying until the broker answers; ``send`` answers ``SinkUnavailable``
+meanwhile. ``problem()`` says, in words, why a send would not succeed now (None when it would).
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kafka import KafkaProducer
-from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError, RecordListTooLargeError
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from collectors.errors import CollectorError, RecordTooLarge, SinkBusy, SinkUnavailable
 from collectors.records import Record
@@ -44,31 +46,82 @@ log = logging.getLogger(__name__)
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "acks": "all",
-    "enable_idempotence": True,
-    "linger_ms": 2,
-    "batch_size": 1 << 20,
-    "max_in_flight_requests_per_connection": 5,
-    "delivery_timeout_ms": 300_000,
-    "request_timeout_ms": 30_000,
-    "max_block_ms": 10_000,
-    "retry_backoff_ms": 100,
+    "enable.idempotence": True,
+    "linger.ms": 2,
+    "batch.size": 1 << 20,
+    "queue.buffering.max.messages": 1_000_000,  # the byte bound (max_pending_bytes) comes first
+    "max.in.flight.requests.per.connection": 5,
+    "delivery.timeout.ms": 300_000,
+    "request.timeout.ms": 30_000,
+    "retry.backoff.ms": 100,
+    "client.id": "agentlake-collector",
+    # Our topics are created with our settings (ensure_topics), never by a metadata request with the
+    # broker's defaults (Tansu's: 4 partitions, which would break the one-partition order of a spill).
+    "allow.auto.create.topics": False,
 }
+# librdkafka's and the broker's "too large" answers: the 413 path, never a producer replacement.
+_TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
+
+
+class _QuietLog:
+    """librdkafka's own log lines (a refused connection each retry) at DEBUG: what a user needs comes
+    from the sink (503 reasons, ``problem()``, the recovery warnings)."""
+
+    def log(self, _level: int, msg: str, *args: object) -> None:
+        log.debug(msg, *args)
+
+
+class _Client:
+    """One librdkafka producer and the thread that polls it (delivery reports, errors, logs)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.fatal: str | None = None  # set by librdkafka's error callback: this producer is done
+        self._stop = threading.Event()
+        self.producer = Producer({**config, "error_cb": self._error, "logger": _QuietLog()})
+        self._thread = threading.Thread(target=self._poll, name="kafka-sink-poll", daemon=True)
+        self._thread.start()
+
+    def _error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal = f"producer in a fatal state: {err.name()}: {err.str()}"
+        else:
+            log.debug("Kafka producer: %s", err.str())
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.producer.poll(0.1)
+
+    def close(self, timeout_s: float) -> int:
+        """Flush up to ``timeout_s``, fail what is left (delivery reports say purged), stop; records left."""
+        left = self.producer.flush(timeout_s) if timeout_s > 0 else len(self.producer)
+        if left:
+            self.producer.purge(in_queue=True, in_flight=True)
+            self.producer.flush(1.0)  # serve the purged records' reports
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(1.0)
+        self.producer.close()
+        return left
 
 
 class _Waiter:
-    """Counts acknowledgements of one ``send`` call on the sender thread; wakes the loop once."""
+    """Counts acknowledgements of one ``send`` call on the poll thread; wakes the loop once."""
 
     __slots__ = ("_future", "_left", "_lock", "_loop", "_size", "producer", "started")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], n: int, size: int, producer: object
+        self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], n: int, size: int, producer: _Client
     ) -> None:
         self._loop, self._future, self._left, self._size = loop, future, n, size
         self._lock = threading.Lock()
         self.producer = producer
         self.started = time.monotonic()
 
-    def ok(self, _metadata: object) -> None:
+    def delivered(self, err: KafkaError | None, _msg: Message) -> None:
+        """librdkafka's delivery report of one record."""
+        if err is not None:
+            self.failed(KafkaException(err))
+            return
         with self._lock:
             self._left -= 1
             done = self._left == 0
@@ -93,7 +146,10 @@ def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
 
 
 class KafkaSink:
-    """Writes records with an idempotent ``acks=all`` producer; see the module docstring."""
+    """Writes records with an idempotent ``acks=all`` producer; see the module docstring.
+
+    ``producer_overrides`` are librdkafka properties laid over the settings' (tests, benchmarks).
+    """
 
     def __init__(
         self,
@@ -102,7 +158,7 @@ class KafkaSink:
         bootstrap: str | None = None,
         max_pending_bytes: int = 256 << 20,
         stall_s: float = 2.5,
-        **producer_overrides: Any,
+        producer_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.bootstrap = bootstrap or settings.bootstrap_servers
@@ -110,15 +166,14 @@ class KafkaSink:
         self.pending_bytes = 0
         self.stall_s = stall_s  # a send unacknowledged for longer makes ``problem()`` say so
         self._config = {
-            **settings.client_config(self.bootstrap, role="producer"),
+            **settings.librdkafka_config(self.bootstrap, role="producer"),
             **PRODUCER_DEFAULTS,
             # Kafka checks a whole batch against max.message.bytes: never fill one past it.
-            "batch_size": min(PRODUCER_DEFAULTS["batch_size"], settings.max_message_bytes),
-            "client_id": "agentlake-collector",
-            **producer_overrides,
+            "batch.size": min(PRODUCER_DEFAULTS["batch.size"], settings.max_message_bytes),
+            **(producer_overrides or {}),
         }
         self.limits: dict[str, int] = {}  # topic -> max.message.bytes, where the broker says
-        self._producer: KafkaProducer | None = None
+        self._producer: _Client | None = None
         self._topics: tuple[str, ...] = ()
         self._waiters: set[_Waiter] = set()
         self._failure: str | None = None  # why the current producer must be replaced
@@ -133,7 +188,7 @@ class KafkaSink:
 
     @property
     def producer_config(self) -> dict[str, Any]:
-        """The kafka-python arguments every producer of this sink is made with."""
+        """The librdkafka properties every producer of this sink is made with (callbacks aside)."""
         return dict(self._config)
 
     def connect(self, topics: Sequence[str] = (), timeout_s: float = 10.0) -> None:
@@ -141,33 +196,37 @@ class KafkaSink:
 
         Until this succeeds ``send`` raises ``SinkUnavailable``, so a collector started before its
         broker answers 503 and recovers on its own. The producer is put in use only once it has
-        the topics' metadata and a producer id from the broker (so it can send at once).
+        the topics' metadata from the broker (so the first send does not wait for it).
         """
         self._topics = tuple(dict.fromkeys((*self._topics, *topics)))
         if self._producer is not None:
             self.warm(self._topics, timeout_s)
             return
         try:
-            producer = KafkaProducer(**self._config)
-        except KafkaError as exc:
-            self._state = f"cannot reach Kafka at {self.bootstrap}: {exc}"
+            client = _Client(self._config)
+        except KafkaException as exc:
+            self._state = f"cannot make a Kafka producer for {self.bootstrap}: {exc}"
             raise SinkUnavailable(self._state) from exc
         try:
-            self._warm(producer, self._topics, timeout_s)
-            self._wait_for_producer_id(producer, timeout_s)
+            self._warm(client, self._topics, timeout_s)
+            if client.fatal is not None:
+                self._state = f"Kafka at {self.bootstrap} gives no usable producer id: {client.fatal}"
+                raise SinkUnavailable(self._state)
         except BaseException:
-            _close_now(producer)
+            _close_now(client)
             raise
         self._read_limits()
-        self._producer = producer
+        self._producer = client
         self._failure = None
         self._state = ""
 
     def _read_limits(self) -> None:
         """Learn each topic's max.message.bytes; a broker that will not say leaves ours as the limit."""
+        from kafka.errors import KafkaError as AdminError  # topic_limits asks with kafka-python's admin
+
         try:
             limits = topic_limits(self.settings, self.bootstrap, self._topics)
-        except (KafkaError, OSError) as exc:
+        except (AdminError, OSError) as exc:
             ours = self.settings.max_message_bytes
             log.info("cannot read the topics' max.message.bytes (%s); records are checked against %d bytes", exc, ours)
             return
@@ -181,33 +240,21 @@ class KafkaSink:
         assert self._producer is not None, "connect() first"
         self._warm(self._producer, topics, timeout_s)
 
-    def _warm(self, producer: KafkaProducer, topics: Sequence[str], timeout_s: float) -> None:
+    def _warm(self, client: _Client, topics: Sequence[str], timeout_s: float) -> None:
         for topic in topics:
             deadline = time.monotonic() + timeout_s
-            while not _partitions(producer, topic):
+            while not _has_partitions(client, topic, max(0.1, deadline - time.monotonic())):
                 if time.monotonic() > deadline:
                     self._state = f"topic {topic!r} has no partitions on {self.bootstrap}"
                     raise SinkUnavailable(self._state)
                 time.sleep(0.1)
 
-    def _wait_for_producer_id(self, producer: KafkaProducer, timeout_s: float) -> None:
-        tm = getattr(producer, "_transaction_manager", None)
-        if tm is None:
-            return
-        deadline = time.monotonic() + timeout_s
-        while not tm.has_producer_id():
-            reason = _fatal_reason(producer)
-            if reason is not None or time.monotonic() > deadline:
-                self._state = f"Kafka at {self.bootstrap} gives no producer id: {reason or 'no answer'}"
-                raise SinkUnavailable(self._state)
-            time.sleep(0.05)
-
     def problem(self) -> str | None:
         """Why a send would not be acknowledged now, in words; None when nothing is known wrong."""
-        producer = self._producer
-        if producer is None:
+        client = self._producer
+        if client is None:
             return self._state or f"not connected to Kafka at {self.bootstrap}"
-        reason = self._failure or _fatal_reason(producer)
+        reason = self._failure or client.fatal
         if reason is not None:
             self._start_recovery(reason)
             return f"replacing the Kafka producer: {reason}"
@@ -219,10 +266,10 @@ class KafkaSink:
     async def send(self, records: Sequence[Record]) -> None:
         if not records:
             return
-        producer = self._producer
-        if producer is None:
+        client = self._producer
+        if client is None:
             raise SinkUnavailable(f"{self._state or 'not connected to Kafka'}; retry shortly")
-        reason = self._failure or _fatal_reason(producer)
+        reason = self._failure or client.fatal
         if reason is not None:
             self._start_recovery(reason)
             raise SinkUnavailable(f"replacing the Kafka producer ({reason}); retry shortly")
@@ -238,44 +285,53 @@ class KafkaSink:
             raise SinkBusy(f"{self.pending_bytes} bytes are waiting for Kafka; retry shortly")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        waiter = _Waiter(loop, future, len(records), size, producer)
+        waiter = _Waiter(loop, future, len(records), size, client)
         self.pending_bytes += size
         self._waiters.add(waiter)
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = loop.create_task(self._watch())
         try:
+            produce = client.producer.produce
             for r in records:
                 try:
-                    f = producer.send(r.topic, value=r.value, key=r.key, headers=r.headers)
-                except (KafkaError, AssertionError) as exc:  # too large, metadata timeout, closed producer
+                    produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=waiter.delivered)
+                except BufferError:
+                    waiter.failed(SinkBusy("the Kafka producer's queue is full; retry shortly"))
+                    break
+                except (KafkaException, RuntimeError) as exc:  # too large, fatal, closed producer
                     waiter.failed(exc)
                     break
-                f.add_callback(waiter.ok)
-                f.add_errback(waiter.failed)
             try:
                 await future
-            except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
-                # Our check passed, so the topic takes less than we knew: learn its limit for next time.
-                loop.run_in_executor(None, self._read_limits)
-                biggest = max(records, key=record_size)
-                raise _too_large(
-                    biggest,
-                    record_size(biggest),
-                    f"which Kafka refused as too large ({type(exc).__name__})",
-                    ours,
-                    written="traces of this request that Kafka took before it stay written",
-                ) from exc
-            except (KafkaError, AssertionError) as exc:
-                if producer is self._producer:
-                    # A batch given up on (or refused by a fatal producer): this producer's
-                    # sequence state is no longer trustworthy; use a new one.
-                    self._start_recovery(f"{type(exc).__name__}: {exc}")
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is not None and err.code() in _TOO_LARGE:
+                    # Our check passed, so the topic takes less than we knew: learn its limit for next time.
+                    loop.run_in_executor(None, self._read_limits)
+                    biggest = max(records, key=record_size)
+                    raise _too_large(
+                        biggest,
+                        record_size(biggest),
+                        f"which Kafka refused as too large ({err.name()})",
+                        ours,
+                        written="traces of this request that Kafka took before it stay written",
+                    ) from exc
+                self._failed_on(client, exc)
+                raise SinkUnavailable(f"Kafka did not acknowledge: {exc}") from exc
+            except RuntimeError as exc:
+                self._failed_on(client, exc)
                 raise SinkUnavailable(f"Kafka did not acknowledge: {exc}") from exc
         finally:
             self._waiters.discard(waiter)
             self.pending_bytes -= size
 
     # --- recovery ------------------------------------------------------------------------------
+    def _failed_on(self, client: _Client, exc: BaseException) -> None:
+        """A record given up on (or refused by a fatal producer): this producer's sequence state is
+        no longer trustworthy; use a new one."""
+        if client is self._producer:
+            self._start_recovery(f"{type(exc).__name__}: {exc}")
+
     def _start_recovery(self, reason: str) -> None:
         """Replace the current producer in the background (once; later calls join it)."""
         if self._failure is None:
@@ -296,9 +352,9 @@ class KafkaSink:
         limit = max(2 * self.stall_s, 5.0)
         while self._waiters:
             await asyncio.sleep(0.5)
-            producer = self._producer
-            oldest = min((w.started for w in self._waiters if w.producer is producer), default=None)
-            if producer is None or oldest is None or time.monotonic() - oldest < limit:
+            client = self._producer
+            oldest = min((w.started for w in self._waiters if w.producer is client), default=None)
+            if client is None or oldest is None or time.monotonic() - oldest < limit:
                 continue
             if await kafka_ping(self.bootstrap, protocol=self.settings.security_protocol):
                 self._start_recovery(f"Kafka answers but acknowledged nothing for {time.monotonic() - oldest:.1f}s")
@@ -328,25 +384,17 @@ class KafkaSink:
         """Block until buffered records are acknowledged (or ``timeout_s`` passes)."""
         if self._producer is None:
             return
-        try:
-            self._producer.flush(timeout=timeout_s)
-        except KafkaTimeoutError:
+        if self._producer.producer.flush(timeout_s):
             log.warning("Kafka did not acknowledge every buffered record within %.0fs", timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush, then close the producer; called on SIGTERM."""
+        """Flush (at most ``timeout_s``), then close the producer; called on SIGTERM."""
         for task in (self._recovering, self._watchdog):
             if task is not None:
                 task.get_loop().call_soon_threadsafe(task.cancel)
-        producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        try:
-            producer.flush(timeout=timeout_s)
-            producer.close(timeout=timeout_s)
-        except KafkaTimeoutError:
+        client, self._producer = self._producer, None
+        if client is not None and client.close(timeout_s):
             log.warning("Kafka did not acknowledge every buffered record within %.0fs", timeout_s)
-            _close_now(producer)
 
 
 def _too_large(record: Record, size: int, limit: str, ours: int, *, written: str) -> RecordTooLarge:
@@ -359,29 +407,19 @@ def _too_large(record: Record, size: int, limit: str, ours: int, *, written: str
     )
 
 
-def _partitions(producer: KafkaProducer, topic: str) -> set[int] | None:
+def _has_partitions(client: _Client, topic: str, timeout_s: float) -> bool:
+    """True once the broker's metadata (now in the producer's cache) gives ``topic`` partitions."""
     try:
-        return producer.partitions_for(topic)
-    except KafkaError:
-        return None
+        meta = client.producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    except KafkaException:
+        return False
+    return meta is not None and meta.error is None and bool(meta.partitions)
 
 
-def _fatal_reason(producer: KafkaProducer) -> str | None:
-    """Why ``producer`` can never send again (its idempotence state is fatal), or None."""
-    tm = getattr(producer, "_transaction_manager", None)
-    if tm is not None and tm.has_fatal_error():
-        return f"producer in a fatal state: {tm.last_error}"
-    return None
-
-
-def _close_now(producer: KafkaProducer) -> None:
-    """Close without waiting: pending batches fail (their senders get 503 and retry elsewhere)."""
+def _close_now(client: _Client) -> None:
+    """Close without waiting: pending records fail (their senders get 503 and retry elsewhere)."""
     try:
-        producer.close(timeout=0)
-    except KafkaTimeoutError:  # kafka-python's close(0) flushes first and times out: force it
-        sender = getattr(producer, "_sender", None)
-        if sender is not None:
-            sender.force_close()  # its thread aborts the incomplete batches and exits
+        client.close(0)
     except Exception:  # noqa: BLE001 - a broken producer must not stop its replacement
         log.exception("closing the old Kafka producer failed")
 

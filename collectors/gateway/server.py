@@ -45,9 +45,7 @@ class GatewayServer:
                 raise CollectorError(
                     "no Kafka configured for the gateway's spans: set KAFKA_BOOTSTRAP_SERVERS, or use `agentlake up`"
                 )
-            # Short bootstrap attempts (retried every second): with Kafka away, a stop need not wait
-            # for a 30 s attempt to give up; the calls wait in the spill meanwhile.
-            sink = KafkaSink(settings.kafka, bootstrap_timeout_ms=5000)
+            sink = KafkaSink(settings.kafka)
         self.sink = sink
         self.spill = SpillSink(sink, spill_dir(settings), max_bytes=settings.gateway.spill_max_bytes)
         self.gateway = Gateway(settings, self.spill, client=client)
@@ -60,7 +58,9 @@ class GatewayServer:
         assert isinstance(self.sink, KafkaSink)
         while True:
             try:
-                await asyncio.to_thread(self.sink.connect, (self.settings.kafka.spans_topic,))
+                # Short attempts (retried every second): with Kafka away, a stop need not wait for a
+                # long one to give up; the calls wait in the spill meanwhile.
+                await asyncio.to_thread(self.sink.connect, (self.settings.kafka.spans_topic,), 5.0)
                 return
             except CollectorError as exc:
                 log.warning("%s; retrying in 1s", exc)

@@ -108,11 +108,11 @@ def test_a_topic_smaller_than_our_limit_is_respected(settings: Settings) -> None
 def test_a_record_refused_after_sending_is_413_and_the_producer_carries_on(settings: Settings) -> None:
     """Kafka refusing a record as too large (MESSAGE_TOO_LARGE) after our check let it through.
 
-    Tansu never refuses one, so this is caused with a producer whose max_request_size (32 KiB) is below
-    kafka.max_message_bytes: kafka-python refuses the record with the same MessageSizeTooLargeError
-    that a broker's refusal gives, after the earlier records of the request were handed to it.
+    Tansu never refuses one, so this is caused with a producer whose message.max.bytes (32 KiB) is below
+    kafka.max_message_bytes: librdkafka refuses the record with the same MSG_SIZE_TOO_LARGE that a
+    broker's refusal gives, after the earlier records of the request were handed to it.
     """
-    sink = KafkaSink(settings.kafka, max_request_size=32 << 10)
+    sink = KafkaSink(settings.kafka, producer_overrides={"message.max.bytes": 32 << 10})
     body, (small, big) = trace_request(1_000, 50_000)
     with running_collector(settings, sink) as server:
         from tests.collectors.helpers import wait_until
@@ -121,7 +121,7 @@ def test_a_record_refused_after_sending_is_413_and_the_producer_carries_on(setti
         r = post(server.http_port, body)
         assert r.status_code == 413, r.text
         text = message(r)
-        assert f"trace {big}" in text and "refused as too large (MessageSizeTooLargeError)" in text
+        assert f"trace {big}" in text and "refused as too large (MSG_SIZE_TOO_LARGE)" in text
         assert "stay written" in text
         after, (later,) = trace_request(1_000)
         r = post(server.http_port, after)

@@ -202,7 +202,7 @@ def test_every_construction_site_uses_the_settings(
 ) -> None:
     """The collector's and gateway's producers, Dagster's Kafka resource and ingestion's fetcher,
     built from SASL_SSL settings with a client certificate."""
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaException, Producer
 
     from collectors.gateway.server import GatewayServer
     from collectors.server import CollectorServer
@@ -218,12 +218,13 @@ def test_every_construction_site_uses_the_settings(
         },
     )
     k = s.kafka
-    security = {key: v for key, v in k.client_config().items() if key != "bootstrap_servers"}
+    security = {key: v for key, v in k.librdkafka_config(role="producer").items() if key != "bootstrap.servers"}
     for sink in (CollectorServer(s).sink, GatewayServer(s).sink):
         cfg = sink.producer_config  # type: ignore[attr-defined]
         assert {key: cfg[key] for key in security} == security
-        assert cfg["max_request_size"] == k.max_message_bytes
-        assert cfg["batch_size"] <= k.max_message_bytes
+        assert cfg["message.max.bytes"] == k.max_message_bytes
+        assert cfg["batch.size"] <= k.max_message_bytes
+        Producer(cfg)  # librdkafka takes the whole config
     # Dagster's resource carries the whole section but the passwords, which it reads from the environment
     resource = resources_from_settings(s)["kafka"]
     assert "s3cret" not in resource.options_json and KEY_PASSWORD not in resource.options_json
