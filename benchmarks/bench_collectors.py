@@ -7,8 +7,10 @@ For each broker (``memory``: Tansu with its log in memory; ``durable``: Tansu on
 the default of `agentlake up`) starts the broker and ``python -m collectors`` as a subprocess
 (acks=all, idempotent producer), then for each batch size sends OTLP requests of small spans (traces of 8 spans) from
 ``--clients`` threads for ``--seconds`` and reports acknowledged spans/s and request latency
-p50/p99. The ceiling is kafka-python producing the very same record bytes (acks=all) in this
-process; the ratio column is collector / ceiling. ``--gateway`` (a vLLM URL) also measures the
+p50/p99. The ceiling (``raw``) is the collector's own producer, confluent-kafka with the sink's very
+config (acks=all, idempotent), producing the very same records in this process; the ratio column is
+collector / ceiling. ``kafka-python`` is the same records through kafka-python (acks=all, idempotent),
+the client the collector used before: it shows why it moved. ``--gateway`` (a vLLM URL) also measures the
 gateway's added latency over calling vLLM directly.
 """
 
@@ -27,13 +29,15 @@ from pathlib import Path
 
 import grpc
 import httpx
+from confluent_kafka import KafkaError, Message, Producer
 from kafka import KafkaProducer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentlake.stack.broker import DurableBroker, LocalBroker, ensure_topics, free_port  # noqa: E402
-from collectors.records import split_traces  # noqa: E402
+from collectors.kafka_sink import KafkaSink  # noqa: E402
+from collectors.records import Record, split_traces  # noqa: E402
 from schemas.config import KafkaSettings  # noqa: E402
 
 SPANS_PER_TRACE = 8
@@ -107,17 +111,9 @@ def drive(send, bodies: list[bytes], batch: int, seconds: float, clients: int) -
     return count[0] / (time.monotonic() - start), latencies, errors[0]
 
 
-def raw_ceiling(bootstrap: str, topic: str, bodies: list[bytes], batch: int, seconds: float) -> float:
-    """kafka-python producing the records the collector would write, acks=all, as fast as it can."""
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=2,
-        batch_size=1 << 20,
-        max_request_size=17 << 20,
-    )
-    splits = [
+def records_of(topic: str, bodies: list[bytes]) -> list[list[Record]]:
+    """The records the collector writes for each body."""
+    return [
         split_traces(
             ExportTraceServiceRequest.FromString(b),
             tenant="default",
@@ -127,12 +123,51 @@ def raw_ceiling(bootstrap: str, topic: str, bodies: list[bytes], batch: int, sec
         ).records
         for b in bodies
     ]
+
+
+def raw_ceiling(kafka: KafkaSettings, splits: list[list[Record]], batch: int, seconds: float) -> float:
+    """The collector's producer (confluent-kafka, the sink's config) producing ``splits`` as fast as it can."""
+    failed: list[KafkaError] = []
+
+    def report(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failed.append(err)
+
+    producer = Producer({**KafkaSink(kafka).producer_config, "on_delivery": report})
     spans = 0
     start = time.monotonic()
     i = 0
     while time.monotonic() - start < seconds:
         for r in splits[i % len(splits)]:
-            producer.send(topic, value=r.value, key=r.key, headers=r.headers)
+            producer.produce(r.topic, r.value, r.key, headers=r.headers)
+        spans += batch
+        i += 1
+        if i % 50 == 0:
+            producer.flush()
+    producer.flush()
+    rate = spans / (time.monotonic() - start)
+    producer.close()
+    if failed:
+        raise SystemExit(f"raw produce: {len(failed)} record(s) not acknowledged, e.g. {failed[0]}")
+    return rate
+
+
+def kafka_python_ceiling(bootstrap: str, splits: list[list[Record]], batch: int, seconds: float) -> float:
+    """The same records through kafka-python (acks=all, idempotent): the collector's client before."""
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=2,
+        batch_size=1 << 20,
+        max_request_size=17 << 20,
+    )
+    spans = 0
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() - start < seconds:
+        for r in splits[i % len(splits)]:
+            producer.send(r.topic, value=r.value, key=r.key, headers=r.headers)
         spans += batch
         i += 1
         if i % 50 == 0:
@@ -235,13 +270,9 @@ def measure(kind: str, args: argparse.Namespace, workdir: Path, seq: itertools.c
 
         for batch in batches:
             pool = int(args.max_rate * args.seconds / batch) + 20
-            raw = raw_ceiling(
-                broker.bootstrap,
-                kafka.spans_topic,
-                [make_body(batch, next(seq)) for _ in range(64)],
-                batch,
-                args.seconds,
-            )
+            splits = records_of(kafka.spans_topic, [make_body(batch, next(seq)) for _ in range(64)])
+            raw = raw_ceiling(kafka, splits, batch, args.seconds)
+            kp = kafka_python_ceiling(broker.bootstrap, splits, batch, args.seconds)
             for name, send in (("http", send_http), ("grpc", send_grpc)):
                 bodies = [make_body(batch, next(seq)) for _ in range(pool)]
                 send(bodies.pop())
@@ -256,6 +287,7 @@ def measure(kind: str, args: argparse.Namespace, workdir: Path, seq: itertools.c
                         p99=percentile(lat, 0.99),
                         errors=errors,
                         raw=raw,
+                        kafka_python=kp,
                     )
                 )
         if args.gateway:
@@ -280,7 +312,7 @@ def median_rows(runs: list[list[dict[str, object]]]) -> list[dict[str, object]]:
     for cells in zip(*runs, strict=True):
         first = cells[0]
         row = dict(first)
-        for key in ("rate", "p50", "p99", "raw"):
+        for key in ("rate", "p50", "p99", "raw", "kafka_python"):
             row[key] = statistics.median(float(c[key]) for c in cells)  # type: ignore[arg-type]
         row["ratio"] = statistics.median(float(c["rate"]) / float(c["raw"]) for c in cells)  # type: ignore[arg-type]
         row["errors"] = sum(int(c["errors"]) for c in cells)  # type: ignore[call-overload]
@@ -305,8 +337,9 @@ def main() -> None:
     seq = itertools.count()
     print(
         f"{args.clients} client threads, {args.seconds:.0f}s per cell, traces of {SPANS_PER_TRACE} spans, "
-        f"{args.runs} run(s) per broker (medians); ceiling = kafka-python producing the same records (acks=all) "
-        "into the same broker in the same run"
+        f"{args.runs} run(s) per broker (medians); raw = the collector's producer (confluent-kafka, same config, "
+        "acks=all) producing the same records into the same broker in the same run; kafka-python = the same through "
+        "kafka-python, the collector's client before"
     )
     with tempfile.TemporaryDirectory(prefix="bench-collectors-") as tmp:
         table: list[dict[str, object]] = []
@@ -315,12 +348,12 @@ def main() -> None:
             table.extend(median_rows(runs))
     print(
         f"{'broker':8} {'protocol':8} {'batch':>5} {'spans/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
-        f"{'raw spans/s':>12} {'ratio':>6}"
+        f"{'raw spans/s':>12} {'ratio':>6} {'kafka-python':>12}"
     )
     for r in table:
         print(
             f"{r['broker']:8} {r['protocol']:8} {r['batch']:>5} {r['rate']:>10,.0f} {r['p50']:>8.2f} "
-            f"{r['p99']:>8.2f} {r['errors']:>6} {r['raw']:>12,.0f} {r['ratio']:>6.2f}"
+            f"{r['p99']:>8.2f} {r['errors']:>6} {r['raw']:>12,.0f} {r['ratio']:>6.2f} {r['kafka_python']:>12,.0f}"
         )
 
 

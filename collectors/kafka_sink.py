@@ -47,10 +47,13 @@ log = logging.getLogger(__name__)
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "acks": "all",
     "enable.idempotence": True,
-    "linger.ms": 2,
+    # One request in flight per broker, 5 ms linger: what concurrent sends produce meanwhile goes out
+    # in the next request, as bigger batches. A broker whose every write is an object-store write (the
+    # durable local one) takes twice the spans/s so (benchmarks/bench_collectors.py).
+    "linger.ms": 5,
     "batch.size": 1 << 20,
     "queue.buffering.max.messages": 1_000_000,  # the byte bound (max_pending_bytes) comes first
-    "max.in.flight.requests.per.connection": 5,
+    "max.in.flight.requests.per.connection": 1,
     "delivery.timeout.ms": 300_000,
     "request.timeout.ms": 30_000,
     "retry.backoff.ms": 100,
