@@ -27,10 +27,10 @@ from agentlake.stack import objectstore
 from pipelines.ingest import app_id, ingest
 from pipelines.lake import Lake
 from schemas.config import Settings
-from schemas.errors import ConcurrentWriteError
 from schemas.tables import SPANS
 from tests.objectstore import ObjectStore
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record
+from tests.pipelines.test_ingest_concurrent import assert_snapshot_rules
 
 ROUNDS = 25
 ROWS = 10
@@ -130,15 +130,7 @@ def test_commits_need_conditional_put(object_store: ObjectStore) -> None:
 def test_snapshot_pinned_commits_on_the_object_store(object_store: ObjectStore) -> None:
     """``Lake.write``'s rules (tests/pipelines/test_ingest_concurrent.py) hold on s3 as on a folder."""
     lake = Lake(object_store.lake_root(), object_store.storage_options)
-    empty = SPANS.empty_table()
-    lake.write("spans", empty, txns={"kafka:t:0": 10})
-    with pytest.raises(ConcurrentWriteError, match="back from 10 to 5"):
-        lake.write("spans", empty, txns={"kafka:t:0": 5})
-    mine = lake.pin("spans")  # read the position 10 ...
-    lake.write("spans", empty, txns={"kafka:t:0": 20})  # ... another writer moves it ...
-    with pytest.raises(ConcurrentWriteError, match="Concurrent transaction"):  # ... so mine is refused
-        lake.write("spans", empty, txns={"kafka:t:0": 20}, snapshot=mine, expect={"kafka:t:0": 10})
-    assert lake.txn("spans", "kafka:t:0") == 20 and lake.version("spans") == 1
+    assert_snapshot_rules(lake, SPANS.empty_table())
 
 
 @pytest.mark.kafka

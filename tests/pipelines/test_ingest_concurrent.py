@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -98,20 +99,11 @@ def test_two_ingestions_at_once_write_each_record_once(settings: Settings, tmp_p
 
 def test_a_commit_never_moves_a_watermark_back(tmp_path: Path) -> None:
     """The lake refuses a position below the one its snapshot holds, and one another writer moved since."""
-    import pyarrow as pa
-
     from schemas.tables import SPANS
 
     lake = Lake(str(tmp_path / "lake"))
     empty = pa.Table.from_pylist([], schema=SPANS)
-    lake.write("spans", empty, txns={"kafka:t:0": 10})
-    with pytest.raises(ConcurrentWriteError, match="back from 10 to 5"):
-        lake.write("spans", empty, txns={"kafka:t:0": 5})
-    mine = lake.pin("spans")  # read the position 10 ...
-    lake.write("spans", empty, txns={"kafka:t:0": 20})  # ... another writer moves it ...
-    with pytest.raises(ConcurrentWriteError, match="Concurrent transaction"):  # ... so mine is refused
-        lake.write("spans", empty, txns={"kafka:t:0": 20}, snapshot=mine, expect={"kafka:t:0": 10})
-    assert lake.txn("spans", "kafka:t:0") == 20 and lake.version("spans") == 1
+    assert_snapshot_rules(lake, empty)
 
 
 def test_ingestion_is_serialized_and_duplicates_block_downstream() -> None:
@@ -128,3 +120,18 @@ def test_ingestion_is_serialized_and_duplicates_block_downstream() -> None:
     assert spans.op.pool == "agentlake-spans" and rewards.op.pool == "agentlake-rewards"
     for check in (spans_unique, rewards_unique):
         assert all(spec.blocking for spec in check.check_specs)
+
+
+def assert_snapshot_rules(lake: Lake, empty: pa.Table) -> None:
+    """``Lake.write`` refuses a position below its snapshot's, and one another writer moved since.
+
+    Shared with tests/lake/test_concurrent_writers.py, which runs the same rules on the object store.
+    """
+    lake.write("spans", empty, txns={"kafka:t:0": 10})
+    with pytest.raises(ConcurrentWriteError, match="back from 10 to 5"):
+        lake.write("spans", empty, txns={"kafka:t:0": 5})
+    mine = lake.pin("spans")  # read the position 10 ...
+    lake.write("spans", empty, txns={"kafka:t:0": 20})  # ... another writer moves it ...
+    with pytest.raises(ConcurrentWriteError, match="Concurrent transaction"):  # ... so mine is refused
+        lake.write("spans", empty, txns={"kafka:t:0": 20}, snapshot=mine, expect={"kafka:t:0": 10})
+    assert lake.txn("spans", "kafka:t:0") == 20 and lake.version("spans") == 1
