@@ -58,7 +58,8 @@ def filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> tu
     if scheme in ("az", "azure", "abfs", "abfss"):
         account = opts.get("AZURE_STORAGE_ACCOUNT_NAME") or opts.get("AZURE_STORAGE_ACCOUNT") or ""
         key = opts.get("AZURE_STORAGE_ACCOUNT_KEY") or opts.get("AZURE_STORAGE_ACCESS_KEY")
-        container_path = rest.split("@", 1)[0] + rest[rest.index("/") :] if "@" in rest else rest
+        authority, slash, key_path = rest.partition("/")
+        container_path = authority.split("@", 1)[0] + slash + key_path  # abfss://container@account.../path
         return pafs.AzureFileSystem(account_name=account, account_key=key), container_path  # type: ignore[attr-defined]
     raise ValueError(f"{uri!r}: no filesystem for the scheme {scheme!r} (use s3://, gs://, az:// or a local path)")
 
