@@ -85,10 +85,12 @@ def records_at(consumer: Any, topic: str, starts: dict[int, int], *, timeout_s: 
 
 
 @sensor(
-    job=ingest_job,
+    job=lake_job,
     minimum_interval_seconds=15,
     default_status=DefaultSensorStatus.RUNNING,
-    description="Starts ingestion when the span or reward topic has records the lake does not hold.",
+    description=(
+        "Starts one run of bronze -> silver -> gold when the span or reward topic has records the lake does not hold."
+    ),
 )
 def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: LakeResource) -> SensorResult:
     k = kafka.settings()

@@ -1,6 +1,6 @@
 """The `pipelines` code location: assets, checks, jobs, sensor, schedule and resources."""
 
-from dagster import Definitions
+from dagster import Definitions, in_process_executor
 
 from pipelines.assets import all_assets
 from pipelines.automation import (
@@ -24,4 +24,7 @@ defs = Definitions(
     sensors=[kafka_sensor, lake_automation_sensor, enough_transitions_sensor],
     schedules=[nightly_maintenance, training_schedule()],
     resources=resources_from_settings(),
+    # One process per run, not per step: a step's own process costs an import of the code location
+    # (seconds here), more than ingesting a round's increment. Pools still hold one ingestion per table.
+    executor=in_process_executor,
 )

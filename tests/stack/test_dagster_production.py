@@ -101,8 +101,8 @@ def test_daemon_on_postgres_materializes_by_sensor(
             return key in marks
 
         wait_for("the Kafka sensor's run materializes spans", lambda: materialized("spans"), deadline)
-        wait_for("the automation sensor materializes trajectories", lambda: materialized("trajectories"), deadline)
-        wait_for("the automation sensor materializes transitions", lambda: materialized("transitions"), deadline)
+        wait_for("a sensor's run materializes trajectories", lambda: materialized("trajectories"), deadline)
+        wait_for("a sensor's run materializes transitions", lambda: materialized("transitions"), deadline)
 
         last = instance.get_latest_materialization_event(AssetKey("transitions"))
         assert last is not None
