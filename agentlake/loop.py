@@ -73,7 +73,7 @@ class LoopPlan:
     epochs: int = 1
 
 
-def evaluate(settings: Settings, plan: LoopPlan) -> float:
+def evaluate(settings: Settings, plan: LoopPlan, *, on_progress: Step = lambda _m: None) -> float:
     """Mean reward of the served policy on held-out tasks at the agent's temperature (no spans).
 
     Sampled, not greedy: it is the reward agents get in production, and the quantity RL raises.
@@ -87,6 +87,7 @@ def evaluate(settings: Settings, plan: LoopPlan) -> float:
         concurrency=plan.concurrency,
         temperature=plan.temperature,
         tracer=otel_trace.NoOpTracer(),
+        on_done=lambda done, total: on_progress(f"scoring {settings.model.served_name}: {done}/{total} answers"),
     )
     return statistics.fmean(r.reward for r in results)
 
@@ -171,8 +172,13 @@ def plot_rewards(report: LoopReport, path: Path) -> Path:
     return path
 
 
-def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambda _m: None) -> LoopReport:
-    """Start everything, run ``plan.rounds`` rounds, score before/after; the caller runs `down`."""
+def run_closed_loop(
+    settings: Settings, plan: LoopPlan, *, on_step: Step = lambda _m: None, on_progress: Step = lambda _m: None
+) -> LoopReport:
+    """Start everything, run ``plan.rounds`` rounds, score before/after; the caller runs `down`.
+
+    ``on_step`` gets each step once (a log line); ``on_progress`` gets counts within a step (a status line).
+    """
     from agentlake.stack.vllm import ensure_vllm_venv
     from trainer.initial import ensure_initial_policy
     from trainer.model_store import ensure_model
@@ -201,7 +207,7 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
 
     report = LoopReport(eval_tasks=plan.eval_tasks)
     on_step(f"scoring the initial policy on {plan.eval_tasks} held-out tasks")
-    report.eval_before = evaluate(settings, plan)
+    report.eval_before = evaluate(settings, plan, on_progress=on_progress)
     for rnd in range(1, plan.rounds + 1):
         t0 = time.monotonic()
         version = serving_version(settings)
@@ -214,7 +220,12 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
         batch = [t for t in tasks for _ in range(plan.samples_per_task)]
         on_step(f"round {rnd}/{plan.rounds}: {len(batch)} rollouts served by {version}")
         results = run_batch(
-            gateway, batch, model=settings.model.served_name, concurrency=plan.concurrency, temperature=plan.temperature
+            gateway,
+            batch,
+            model=settings.model.served_name,
+            concurrency=plan.concurrency,
+            temperature=plan.temperature,
+            on_done=lambda done, total, rnd=rnd: on_progress(f"round {rnd}/{plan.rounds}: {done}/{total} rollouts"),
         )
         agentlake.flush()
         on_step(f"round {rnd}/{plan.rounds}: waiting for Dagster to ingest spans and build transitions")
@@ -233,7 +244,7 @@ def run_closed_loop(settings: Settings, plan: LoopPlan, *, on_step: Step = lambd
         )
         report.rounds.append(record)
     on_step(f"scoring {serving_version(settings)} on the held-out tasks")
-    report.eval_after = evaluate(settings, plan)
+    report.eval_after = evaluate(settings, plan, on_progress=on_progress)
     report.seconds = time.monotonic() - started
     out = local.state_dir(settings) / "demo"
     report.plot = str(plot_rewards(report, out / "reward_curve.png"))

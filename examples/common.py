@@ -7,6 +7,7 @@ to the gateway, so the span shapes and the headers live here, once.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -102,8 +103,24 @@ def run_rollouts(
     *,
     model: str,
     concurrency: int,
+    on_done: Callable[[int, int], None] | None = None,
     **kwargs: Any,
 ) -> list[R]:
-    """``run_rollout(client, task, model=model, **kwargs)`` for each task, ``concurrency`` at a time, in order."""
+    """``run_rollout(client, task, model=model, **kwargs)`` for each task, ``concurrency`` at a time, in order.
+
+    ``on_done(done, total)`` is called as each rollout finishes, for a progress display.
+    """
+    lock = threading.Lock()
+    done = 0
+
+    def one(task: T) -> R:
+        nonlocal done
+        result = run_rollout(client, task, model=model, **kwargs)
+        if on_done is not None:
+            with lock:
+                done += 1
+                on_done(done, len(tasks))
+        return result
+
     with httpx.Client(base_url=base_url, timeout=120) as client, ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda t: run_rollout(client, t, model=model, **kwargs), tasks))
+        return list(pool.map(one, tasks))

@@ -34,7 +34,9 @@ def _loop(settings, plan) -> None:  # noqa: ANN001 - Settings, LoopPlan
     from agentlake.loop import run_closed_loop
 
     with console.status("starting") as spinner:
-        report = run_closed_loop(settings, plan, on_step=lambda msg: (spinner.update(msg), console.log(msg)))
+        report = run_closed_loop(
+            settings, plan, on_step=lambda msg: (spinner.update(msg), console.log(msg)), on_progress=spinner.update
+        )
     table = Table(title="reward per round")
     for col in ("round", "served by", "rollouts", "mean reward", "trained", "loss", "seconds"):
         table.add_column(col)
