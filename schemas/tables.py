@@ -239,6 +239,35 @@ TRAINING_LINEAGE = _versioned(
     ],
 )
 
+# What was deleted, by whom and when (`agentlake forget`, per-table retention): one row per deletion.
+# A rebuild from Kafka applies these again, so forgotten rows stay forgotten (pipelines.forget).
+# It keeps the ids that name the forgotten data (tenant, rollout), never its content.
+DELETION_COUNT = pa.struct(
+    [
+        pa.field("table", pa.string()),
+        pa.field("rows", pa.int64()),  # rows the deletion removed from that table
+        pa.field("version", pa.int64()),  # the table's Delta version after the delete
+    ]
+)
+
+DELETIONS = _versioned(
+    "deletions",
+    1,
+    [
+        pa.field("deletion_id", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),  # "forget" | "retention"
+        pa.field("tenant", pa.string()),  # null: every tenant (retention)
+        pa.field("rollout_id", pa.string()),  # forget --rollout
+        pa.field("before", _ts),  # forget --before, or the retention cutoff
+        pa.field("tables", pa.list_(pa.string()), nullable=False),  # the tables the deletion applies to
+        pa.field("removed", pa.list_(DELETION_COUNT)),
+        pa.field("rows_removed", pa.int64(), nullable=False),
+        pa.field("requested_by", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("deleted_at", _ts, nullable=False),
+    ],
+)
+
 # --- Kafka JSON values -------------------------------------------------------------------------
 REWARD_EVENT = _versioned(
     "reward_event",
@@ -281,6 +310,7 @@ TABLES: dict[str, pa.Schema] = {
     "model_versions": MODEL_VERSIONS,
     "training_lineage": TRAINING_LINEAGE,
     "quarantine": QUARANTINE,
+    "deletions": DELETIONS,
 }
 
 EVENTS: dict[str, pa.Schema] = {
@@ -296,4 +326,5 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     "model_versions": [],
     "training_lineage": [],
     "quarantine": [],
+    "deletions": [],
 }
