@@ -62,6 +62,11 @@ class LakeSettings(_Section):
     root: str = ""
     storage_options: dict[str, str] = Field(default_factory=dict)
     local_storage: Literal["objectstore", "folder"] = "objectstore"
+    # Days each table keeps its rows, by its time column (spans: start_time, rewards: event_time,
+    # trajectories: start_time, transitions: day, quarantine: quarantined_at, training_lineage: consumed_at).
+    # The nightly maintenance job deletes older rows, records it in `deletions`, then compacts and
+    # vacuums. A table not named (and the default, empty) keeps its rows forever.
+    retention_days: dict[str, int] = Field(default_factory=dict)
     # Set by ``load_settings``: the root is the local stack's lake (not a user's), and, when that lake is
     # in a local object store that does not answer, why it cannot be used now.
     _local: bool = PrivateAttr(default=False)
@@ -76,6 +81,20 @@ class LakeSettings(_Section):
     def unavailable(self) -> str | None:
         """Why the lake cannot be reached now (its local object store is stopped), else None."""
         return self._unavailable or None
+
+    @field_validator("retention_days")
+    @classmethod
+    def _retention_known(cls, v: dict[str, int]) -> dict[str, int]:
+        for table, days in v.items():
+            if table not in RETENTION_TABLES:
+                raise ValueError(f"no retention for table {table!r}; tables with one: {', '.join(RETENTION_TABLES)}")
+            if days < 1:
+                raise ValueError(f"{table}: keep rows at least 1 day (leave the table out to keep them forever)")
+        return v
+
+
+# Tables a retention may delete from (the registry, model_versions, and the deletions record may not).
+RETENTION_TABLES = ("spans", "rewards", "trajectories", "transitions", "quarantine", "training_lineage")
 
 
 # Room in one Kafka record batch beyond its value: the key, the headers and the batch header.
@@ -343,6 +362,46 @@ class CreditSettings(_Section):
     idle_timeout_s: float = Field(300.0, gt=0)
 
 
+# Detectors pipelines.redact knows by name; `redaction.patterns` adds named regexes of a deployment's own.
+REDACTION_DETECTORS = ("email", "api_key", "phone")
+
+
+class RedactionSettings(_Section):
+    """What span text is redacted before it is stored (pipelines.redact), per tenant.
+
+    ``default``: the detectors for every tenant not in ``tenants``; ``tenants``: tenant -> its own list
+    (``[]``: none). Names are built-in detectors (``email``; ``api_key``: ``sk-...`` keys, bearer
+    tokens, AWS access keys, GitHub/Slack/Google tokens; ``phone``) or keys of ``patterns``
+    (name -> a Python regular expression).
+    """
+
+    default: list[str] = Field(default_factory=lambda: ["email", "api_key"])
+    tenants: dict[str, list[str]] = Field(default_factory=dict)
+    patterns: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _names_known(self) -> RedactionSettings:
+        import re
+
+        for name, regex in self.patterns.items():
+            if not name or name in REDACTION_DETECTORS:
+                raise ValueError(f"patterns: {name!r} must be a new name, not empty or a built-in detector")
+            try:
+                re.compile(regex)
+            except re.error as exc:
+                raise ValueError(f"patterns.{name}: not a regular expression: {exc}") from None
+        known = set(REDACTION_DETECTORS) | set(self.patterns)
+        for where, names in [("default", self.default), *((f"tenants.{t}", n) for t, n in self.tenants.items())]:
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(f"{where}: unknown detector {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return self
+
+    def detectors(self, tenant: str) -> list[str]:
+        """The detector names that apply to ``tenant``."""
+        return list(self.tenants.get(tenant, self.default))
+
+
 class Settings(_Section):
     state: StateSettings = Field(default_factory=StateSettings)
     lake: LakeSettings = Field(default_factory=LakeSettings)
@@ -354,6 +413,7 @@ class Settings(_Section):
     dagster: DagsterSettings = Field(default_factory=DagsterSettings)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     credit: CreditSettings = Field(default_factory=CreditSettings)
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
 
 
 # Conventional short names -> (section, key).
