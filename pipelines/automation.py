@@ -26,8 +26,8 @@ from pipelines.assets.policy import GPU_TAGS
 from pipelines.ingest import app_id, end_offsets_hint, make_consumer, positions
 from pipelines.lake import Lake
 from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+from pipelines.retention import maintain
 from schemas.config import Settings
-from schemas.tables import TABLES
 
 ingest_job = define_asset_job("ingest", selection=AssetSelection.groups("bronze"))
 lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold"))
@@ -42,8 +42,6 @@ lake_automation_sensor = AutomationConditionSensorDefinition(
     minimum_interval_seconds=10,
     description="Materializes trajectories and transitions as soon as their upstream tables change.",
 )
-
-VACUUM_RETENTION_HOURS = 168
 
 
 def pending(lake: Lake, table: str, topic: str, hints: dict[int, int], consumer: Any | None = None) -> bool:
@@ -121,17 +119,16 @@ def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: L
     return SensorResult(run_requests=[RunRequest(run_key=key)], cursor=cursor)
 
 
-@op(description="Compact small files and vacuum files older than the retention, table by table.")
+@op(
+    description=(
+        "Delete rows past each table's retention (lake.retention_days, recorded in `deletions`), "
+        "then compact small files and vacuum files older than the vacuum retention, table by table."
+    )
+)
 def compact_and_vacuum(context: OpExecutionContext, lake: LakeResource) -> None:
-    the_lake = lake.lake()
-    for name in TABLES:
-        dt = the_lake.table(name)
-        if dt is None:
-            continue
-        metrics = dt.optimize.compact()
-        removed = dt.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False)
-        dt.cleanup_metadata()
-        context.log.info(f"{name}: compacted {metrics.get('numFilesRemoved', 0)} files, vacuumed {len(removed)}")
+    from schemas.config import load_settings
+
+    maintain(lake.lake(), load_settings().lake.retention_days, log=context.log.info)
 
 
 @job(description="Nightly Delta maintenance.")
