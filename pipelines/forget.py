@@ -390,7 +390,8 @@ def execute(
                 step.predicate, commit_properties=CommitProperties(custom_metadata={DELETION_KEY: did})
             )
             res = out.tables.setdefault(step.table, TableResult(step.table))
-            res.rows += int(metrics.get("num_deleted_rows") or 0)
+            deleted = metrics.get("num_deleted_rows")  # absent when whole files went (a partition-only predicate)
+            res.rows += step.rows if deleted is None else int(deleted)
             res.version = table.version()
         current = plan(sel, frames_of(lake, sel.tables))
     if record and (sel.kind == "forget" or out.rows):
