@@ -78,3 +78,25 @@ class SinkBusy(SinkError):
 class SinkUnavailable(SinkError):
     status = 503
     grpc_code = GRPC_UNAVAILABLE
+
+
+MAX_MESSAGE_CHARS = 1000
+
+
+def safe_text(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters and made encodable as UTF-8.
+
+    Error messages quote what the client sent, and a hostile body can put a lone surrogate or a
+    megabyte-long key there; an answer that cannot be encoded would become a 500 and a dropped
+    connection instead of the 400 it is.
+    """
+    if len(text) > limit:
+        text = text[:limit] + f"... ({len(text) - limit} more characters)"
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def public_message(exc: BaseException) -> str:
+    """What a receiver tells the client about ``exc``: its message, safe to send."""
+    return safe_text(str(exc))

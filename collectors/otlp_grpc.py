@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from collectors.errors import CollectorError
+from collectors.errors import CollectorError, public_message
 from collectors.records import encode_response
 from collectors.service import Collector
 
@@ -39,7 +39,7 @@ def trace_service_handler(collector: Collector) -> grpc.GenericRpcHandler:
             tenant = collector.tenant_for(auth if isinstance(auth, str) else None)
             split = await collector.export_traces(request, fmt="protobuf", tenant=tenant)
         except CollectorError as exc:
-            await context.abort(_CODES[exc.grpc_code], str(exc))
+            await context.abort(_CODES[exc.grpc_code], public_message(exc))
         return encode_response("protobuf", split.rejected_spans, split.error_message)
 
     return grpc.method_handlers_generic_handler(

@@ -18,8 +18,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from collectors.errors import BadRequest, CollectorError, PayloadTooLarge, SinkError
-from collectors.records import BodyFormat, body_format, decompress, encode_response
+from collectors.errors import BadRequest, CollectorError, PayloadTooLarge, SinkError, public_message
+from collectors.records import BodyFormat, body_format, encode_response
 from collectors.service import Collector
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,8 @@ HealthCheck = Callable[[], Awaitable[dict[str, Any]]]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The decoded request body, refusing more than ``limit`` bytes before reading it all."""
+    """The request body as sent (Content-Encoding is undone while decoding, off the event loop),
+    refusing more than ``limit`` bytes before reading it all."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -49,16 +50,27 @@ async def read_body(request: Request, limit: int) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect as exc:
         raise BadRequest("client disconnected before sending the whole body") from exc
-    return decompress(b"".join(chunks), request.headers.get("content-encoding"), limit=limit)
+    return b"".join(chunks)
 
 
 def error_response(exc: CollectorError, fmt: BodyFormat | None) -> Response:
     """An OTLP error answer: ``google.rpc.Status`` in the request's encoding, Retry-After if retryable."""
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, SinkError) else None
-    status = status_pb2.Status(code=exc.grpc_code, message=str(exc))
+    status = status_pb2.Status(code=exc.grpc_code, message=public_message(exc))
     if fmt == "protobuf":
         return Response(status.SerializeToString(), exc.status, headers=headers, media_type=PROTOBUF)
     return Response(json_format.MessageToJson(status, indent=None), exc.status, headers=headers, media_type=JSON)
+
+
+def internal_error(exc: Exception, fmt: BodyFormat | None) -> Response:
+    """A 500 for a bug of ours, logged with its traceback, answered like any other error.
+
+    Letting the exception reach the server would also answer 500, but then uvicorn closes the
+    connection, and the client's next request on it fails too.
+    """
+    log.exception("request failed")
+    error = CollectorError(f"internal error ({type(exc).__name__}); retry, and report it if it persists")
+    return error_response(error, fmt)
 
 
 def create_app(collector: Collector, health: HealthCheck) -> Starlette:
@@ -71,9 +83,12 @@ def create_app(collector: Collector, health: HealthCheck) -> Starlette:
             fmt = body_format(request.headers.get("content-type"))
             tenant = collector.tenant_for(request.headers.get("authorization"))
             body = await read_body(request, limit)
-            split = await collector.export_traces(body, fmt=fmt, tenant=tenant)
+            encoding = request.headers.get("content-encoding")
+            split = await collector.export_traces(body, fmt=fmt, tenant=tenant, encoding=encoding)
         except CollectorError as exc:
             return error_response(exc, fmt)
+        except Exception as exc:  # noqa: BLE001 - a bug still answers, and the connection stays open
+            return internal_error(exc, fmt)
         media = PROTOBUF if fmt == "protobuf" else JSON
         return Response(encode_response(fmt, split.rejected_spans, split.error_message), media_type=media)
 
@@ -83,9 +98,13 @@ def create_app(collector: Collector, health: HealthCheck) -> Starlette:
                 raise BadRequest("reward events are JSON: send Content-Type: application/json")
             tenant = collector.tenant_for(request.headers.get("authorization"))
             body = await read_body(request, limit)
-            accepted = await collector.post_rewards(body, tenant=tenant)
+            accepted = await collector.post_rewards(
+                body, tenant=tenant, encoding=request.headers.get("content-encoding")
+            )
         except CollectorError as exc:
             return error_response(exc, "json")
+        except Exception as exc:  # noqa: BLE001 - a bug still answers, and the connection stays open
+            return internal_error(exc, "json")
         return JSONResponse({"accepted": accepted})
 
     async def healthz(_: Request) -> Response:

@@ -13,6 +13,7 @@ import base64
 import binascii
 import datetime as dt
 import json
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,9 +25,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from collectors.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from schemas import topics
+from collectors.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType, safe_text
+from schemas import span_checks, topics
 from schemas.errors import RecordValidationError
 from schemas.tables import REWARD_EVENT, SPANS, schema_version
 from schemas.validation import validate_reward_event
@@ -37,8 +40,6 @@ SPANS_SCHEMA_VERSION = str(schema_version(SPANS)).encode()
 REWARDS_SCHEMA_VERSION = str(schema_version(REWARD_EVENT)).encode()
 _SPANS_CONTENT_TYPE = topics.SPANS_CONTENT_TYPE.encode()
 _JSON_CONTENT_TYPE = topics.JSON_CONTENT_TYPE.encode()
-_ZERO_TRACE = bytes(16)
-_ZERO_SPAN = bytes(8)
 
 
 @dataclass(slots=True)
@@ -75,7 +76,11 @@ def body_format(content_type: str | None) -> BodyFormat:
 
 
 def decompress(body: bytes, encoding: str | None, *, limit: int) -> bytes:
-    """Undo ``Content-Encoding`` (identity or gzip), refusing output over ``limit`` bytes."""
+    """Undo ``Content-Encoding`` (identity or gzip), refusing output over ``limit`` bytes.
+
+    A gzip body may hold several members back to back (RFC 1952; ``cat a.gz b.gz``): all of them
+    are read, so spans in a later member are never dropped, and their total is what ``limit`` bounds.
+    """
     enc = (encoding or "identity").strip().lower()
     if enc in ("", "identity"):
         if len(body) > limit:
@@ -83,16 +88,52 @@ def decompress(body: bytes, encoding: str | None, *, limit: int) -> bytes:
         return body
     if enc not in ("gzip", "x-gzip"):
         raise UnsupportedMediaType(f"unsupported content encoding {encoding!r}; use gzip or none")
+    return _gunzip(body, limit)
+
+
+_GZIP_CHUNK = 64 << 10
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    """Every gzip member of ``body``, concatenated; 413 past ``limit`` bytes, 400 when corrupt or cut.
+
+    Input goes in 64 KiB at a time, so a body of many tiny members costs time linear in its size.
+    """
+    out: list[bytes] = []
+    size = 0
+    pos = 0
+    pending = b""
     inflater = zlib.decompressobj(wbits=31)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BadRequest(f"gzip body is corrupt: {exc}") from exc
-    if len(out) > limit:
-        raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
-    if not inflater.eof:
+    started = False  # the current member has begun (zero padding between members does not count)
+    members = 0
+    while True:
+        if not pending:
+            if pos >= len(body):
+                break
+            pending = body[pos : pos + _GZIP_CHUNK]
+            pos += _GZIP_CHUNK
+        if not started:
+            pending = pending.lstrip(b"\0") if members else pending  # gzip(1) allows zeros after a member
+            if not pending:
+                continue
+            started = True
+        try:
+            chunk = inflater.decompress(pending, limit + 1 - size)
+        except zlib.error as exc:
+            raise BadRequest(f"gzip body is corrupt (member {members + 1}): {exc}") from exc
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
+        out.append(chunk)
+        pending = b""
+        if inflater.eof:
+            members += 1
+            pending = inflater.unused_data
+            inflater = zlib.decompressobj(wbits=31)
+            started = False
+    if started or not members:
         raise BadRequest("gzip body is truncated")
-    return out
+    return b"".join(out)
 
 
 # --- OTLP JSON ----------------------------------------------------------------------------------
@@ -131,20 +172,85 @@ def _snake(name: str) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name)
 
 
+_SPAN_KIND_NAMES = frozenset(Span.SpanKind.keys())
+_STATUS_CODE_NAMES = frozenset(Status.StatusCode.keys())
+
+
+def _check_enum(obj: dict[str, Any], key: str, names: frozenset[str], path: str) -> None:
+    """An enum given by name must be a known name: protobuf's JSON parser, told to ignore unknown
+    fields (as OTLP receivers must), would silently read an unknown name as 0."""
+    value = obj.get(key)
+    if isinstance(value, str) and value not in names:
+        raise BadRequest(f"{path}.{key}: {value[:40]!r} is not one of {', '.join(sorted(names))}")
+
+
+def _check_span_json(span: Any, path: str) -> None:
+    if not isinstance(span, dict):
+        raise BadRequest(f"{path}: expected an object, got {type(span).__name__}")
+    _fix_ids(span, ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"), path)
+    _check_enum(span, "kind", _SPAN_KIND_NAMES, path)
+    status = span.get("status")
+    if isinstance(status, dict):
+        _check_enum(status, "code", _STATUS_CODE_NAMES, f"{path}.status")
+    for n, link in enumerate(_list(span, "links", path)):
+        if not isinstance(link, dict):
+            raise BadRequest(f"{path}.links[{n}]: expected an object")
+        _fix_ids(link, ("traceId", "spanId", "trace_id", "span_id"), f"{path}.links[{n}]")
+
+
 def _otlp_json_to_dict(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest(f"expected a JSON object at the top level, got {type(data).__name__}")
     for i, rs in enumerate(_list(data, "resourceSpans", "")):
         for j, ss in enumerate(_list(rs, "scopeSpans", f"resourceSpans[{i}]")):
             for k, span in enumerate(_list(ss, "spans", f"resourceSpans[{i}].scopeSpans[{j}]")):
-                path = f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
-                if not isinstance(span, dict):
-                    raise BadRequest(f"{path}: expected an object, got {type(span).__name__}")
-                _fix_ids(span, ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"), path)
-                for n, link in enumerate(_list(span, "links", path)):
-                    if not isinstance(link, dict):
-                        raise BadRequest(f"{path}.links[{n}]: expected an object")
-                    _fix_ids(link, ("traceId", "spanId", "trace_id", "span_id"), f"{path}.links[{n}]")
+                _check_span_json(span, f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]")
+    return data
+
+
+# A JSON string may spell a UTF-16 surrogate as an escape; json.loads joins pairs into one character
+# and leaves a lone one in the string, which no UTF-8 encoder (protobuf, Kafka keys) will take.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate_at(data: Any) -> str | None:
+    """The path of the first string (key or value) in decoded JSON that holds a lone surrogate."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path or "<body>"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if not k.isascii():
+                    try:
+                        k.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return f"{path}.{safe_text(k)[:40]}".lstrip(".") + " (the key)"
+                stack.append((f"{path}.{k}".lstrip("."), v))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
+
+
+def load_json(body: bytes) -> Any:
+    """``json.loads`` that refuses what the rest of the path could not encode: 400 naming the field."""
+    try:
+        text = body.decode("utf-8-sig")  # strict: json.loads(bytes) would let raw surrogates through
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"body is not UTF-8 JSON: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+    if _SURROGATE_ESCAPE.search(body) is not None:
+        where = _lone_surrogate_at(data)
+        if where is not None:
+            raise BadRequest(f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode")
     return data
 
 
@@ -157,13 +263,18 @@ def decode_traces(body: bytes, fmt: BodyFormat) -> ExportTraceServiceRequest:
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise BadRequest(f"body is not a valid OTLP ExportTraceServiceRequest protobuf: {exc}") from exc
         return request
+    data = _otlp_json_to_dict(load_json(body))
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from exc
-    try:
-        json_format.ParseDict(_otlp_json_to_dict(data), request, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        json_format.ParseDict(data, request, ignore_unknown_fields=True)
+    except (
+        json_format.ParseError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+        UnicodeError,
+        SystemError,  # protobuf's C parser on strings it cannot convert; kept as a 400 should another appear
+    ) as exc:
         raise BadRequest(f"body is not a valid OTLP JSON trace export: {exc}") from exc
     return request
 
@@ -173,7 +284,7 @@ def encode_response(fmt: BodyFormat, rejected_spans: int = 0, error_message: str
     response = ExportTraceServiceResponse()
     if rejected_spans or error_message:
         response.partial_success.rejected_spans = rejected_spans
-        response.partial_success.error_message = error_message
+        response.partial_success.error_message = safe_text(error_message)
     if fmt == "protobuf":
         return response.SerializeToString()
     return json_format.MessageToJson(response, indent=None).encode()
@@ -201,12 +312,50 @@ _TAG2 = b"\x12"  # field 2
 _TAG3 = b"\x1a"  # field 3
 
 
-def _span_problem(trace_id: bytes, span_id: bytes) -> str | None:
-    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
-        return "trace_id must be 16 bytes and not all zero"
-    if len(span_id) != 8 or span_id == _ZERO_SPAN:
-        return "span_id must be 8 bytes and not all zero"
-    return None
+def any_value(v: AnyValue) -> Any:
+    """An OTLP ``AnyValue`` as plain Python, the way ingestion reads it (bytes as hex, empty as None)."""
+    kind = v.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
+    if kind == "bytes_value":
+        return v.bytes_value.hex()
+    return getattr(v, kind)
+
+
+def _checked_attributes(span: Span) -> dict[str, Any]:
+    """The span's attributes that ``span_checks`` reads, decoded; the others are left as bytes."""
+    keys = span_checks.CHECKED_KEYS
+    return {kv.key: any_value(kv.value) for kv in span.attributes if kv.key in keys}
+
+
+def span_problem(span: Span, *, strict: bool, attributes: bool) -> str | None:
+    """Why ``span`` cannot be stored, naming the field; ids only unless ``strict`` (see ``split_traces``)."""
+    problem = span_checks.ids_problem(span.trace_id, span.span_id)
+    if problem is not None or not strict:
+        return problem
+    problem = (
+        span_checks.kind_problem(span.kind)
+        or span_checks.status_problem(span.status.code)
+        or span_checks.times_problem(span.start_time_unix_nano, span.end_time_unix_nano)
+    )
+    if problem is None and attributes:
+        problem = span_checks.attributes_problem(span.name, _checked_attributes(span))
+    return problem
+
+
+_CHECKED_KEY_BYTES = tuple(k.encode() for k in span_checks.CHECKED_KEYS)
+
+
+def mentions_checked_keys(body: bytes) -> bool:
+    """Whether a body may carry an attribute ``span_checks`` reads: if not, no attribute is decoded.
+
+    Protobuf keeps keys as plain bytes; a JSON body could hide one behind ``\\u`` escapes, so those count.
+    """
+    return b"\\u" in body or any(k in body for k in _CHECKED_KEY_BYTES)
 
 
 def split_traces(
@@ -216,9 +365,14 @@ def split_traces(
     topic: str,
     received_at_ns: int,
     original: bytes | None = None,
+    strict: bool = False,
+    check_attributes: bool = True,
 ) -> TraceSplit:
     """One record per trace in ``request``; spans with invalid ids are counted as rejected.
 
+    ``strict`` (the receivers) also refuses every span ``schemas.span_checks`` finds unusable (kind,
+    status, times, token ids, logprobs, reward), so nothing acknowledged is quarantined by ingestion;
+    ``check_attributes=False`` skips decoding attributes when the body names none of the checked keys.
     ``original`` is the protobuf body the request was parsed from: when the request holds a
     single trace and nothing was rejected, it becomes the record value unchanged.
     """
@@ -231,13 +385,14 @@ def split_traces(
     single_pass_ok = True
     for ri, rs in enumerate(resources):
         for si, ss in enumerate(rs.scope_spans):
-            for span in ss.spans:
+            for k, span in enumerate(ss.spans):
                 tid = span.trace_id
-                problem = _span_problem(tid, span.span_id)
+                problem = span_problem(span, strict=strict, attributes=check_attributes)
                 if problem is not None:
                     out.rejected_spans += 1
                     if len(problems) < 3:
-                        problems.append(f"span {span.name[:60]!r}: {problem}")
+                        where = f"resource_spans[{ri}].scope_spans[{si}].spans[{k}]"
+                        problems.append(f"span {span.name[:60]!r} ({where}): {problem}")
                     single_pass_ok = False
                     continue
                 by_res = groups.get(tid)
@@ -310,10 +465,7 @@ def reward_records(body: bytes, *, tenant: str, topic: str, received_at_ns: int)
     The tenant comes from the caller's token, never from the body: a body that names another
     tenant is refused rather than silently rewritten.
     """
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+    data = load_json(body)
     events: Sequence[Any] = data if isinstance(data, list) else [data]
     if not events:
         raise BadRequest("no reward events: send a JSON object or a non-empty list of them")

@@ -1,5 +1,14 @@
 """The receiver logic shared by OTLP/HTTP, OTLP/gRPC and /v1/rewards: auth, decode, deliver.
 
+Decoding runs on worker threads, never on the event loop: one 16 MB body takes seconds to
+decompress, parse, check and split, and every other client, ``/health`` included, would wait that
+long. At most ``decode_workers`` bodies decode at once (each one on one thread); the others queue.
+
+What a trace export gets (OTLP semantics): a body that cannot be decoded, or whose every span is
+refused, is a 400 naming the field; a body with some refused spans stores the others and answers
+200 with ``partial_success`` (how many, and why the first few were refused). A span is refused when
+``schemas.span_checks`` finds it unusable, so nothing acknowledged is quarantined later.
+
 Delivery is idempotent per request body. OTel exporters retry a failed export with the very same
 bytes; if our first attempt timed out towards the client but Kafka later acknowledged it, the
 retry must not write the spans again. So each body (per tenant and topic) is hashed: a retry
@@ -10,20 +19,37 @@ within ``dedupe_ttl_s``. A delivery that failed is forgotten, and the retry prod
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from collectors.errors import CollectorError, RecordTooLarge, SinkUnavailable, Unauthorized
-from collectors.records import BodyFormat, Record, TraceSplit, decode_traces, reward_records, split_traces
+import anyio
+import anyio.to_thread
+
+from collectors.errors import BadRequest, CollectorError, RecordTooLarge, SinkUnavailable, Unauthorized
+from collectors.records import (
+    BodyFormat,
+    Record,
+    TraceSplit,
+    decode_traces,
+    decompress,
+    mentions_checked_keys,
+    reward_records,
+    split_traces,
+)
 from collectors.sink import RecordSink
 from schemas.config import CollectorSettings, KafkaSettings
 from schemas.topics import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DECODE_WORKERS = 2  # the GIL makes more threads no faster; two keep one big body from delaying all others
 
 
 @dataclass
@@ -34,6 +60,8 @@ class Stats:
     acknowledged_spans: int = 0
     rejected_spans: int = 0
     acknowledged_rewards: int = 0
+    stored_spans: int = 0  # acknowledged and written by this request (not a retry of a stored body)
+    stored_rewards: int = 0
     retried_duplicates: int = 0
     failures: int = 0
 
@@ -50,6 +78,7 @@ class Collector:
         dedupe_ttl_s: float = 900.0,
         dedupe_capacity: int = 200_000,
         clock: Callable[[], int] = time.time_ns,
+        decode_workers: int = DECODE_WORKERS,
     ) -> None:
         self.sink = sink
         self.settings = collector
@@ -61,6 +90,8 @@ class Collector:
         self._capacity = dedupe_capacity
         self._pending: dict[bytes, asyncio.Future[None]] = {}
         self._done: OrderedDict[bytes, int] = OrderedDict()
+        self._decode_workers = decode_workers
+        self._limiter: anyio.CapacityLimiter | None = None  # made in the event loop, on first use
 
     # --- auth ------------------------------------------------------------------------------------
     def tenant_for(self, authorization: str | None) -> str:
@@ -80,30 +111,60 @@ class Collector:
         return DEFAULT_TENANT
 
     # --- endpoints -----------------------------------------------------------------------------------
-    async def export_traces(self, body: bytes, *, fmt: BodyFormat, tenant: str) -> TraceSplit:
-        """Decode, split per trace and deliver; returns the split (for partial_success)."""
+    async def export_traces(
+        self, body: bytes, *, fmt: BodyFormat, tenant: str, encoding: str | None = None
+    ) -> TraceSplit:
+        """Decode (off the event loop), split per trace and deliver; returns the split (for partial_success).
+
+        ``body`` is as received; ``encoding`` is its Content-Encoding (gzip is undone on the worker).
+        """
         self.stats.requests += 1
-        request = decode_traces(body, fmt)
-        split = split_traces(
-            request,
-            tenant=tenant,
-            topic=self.spans_topic,
-            received_at_ns=self._clock(),
-            original=body if fmt == "protobuf" else None,
-        )
+        key, split = await self._off_loop(self._prepare_traces, body, fmt, tenant, encoding, self._clock())
         self.stats.rejected_spans += split.rejected_spans
-        if split.records:
-            await self._deliver(self._key(tenant, self.spans_topic, body), split.records)
+        if split.rejected_spans and not split.accepted_spans:
+            raise BadRequest(f"every span was refused: {split.error_message}")
+        if split.records and await self._deliver(key, split.records):
+            self.stats.stored_spans += split.accepted_spans
         self.stats.acknowledged_spans += split.accepted_spans
         return split
 
-    async def post_rewards(self, body: bytes, *, tenant: str) -> int:
-        """Validate and deliver reward events; returns how many were acknowledged."""
+    async def post_rewards(self, body: bytes, *, tenant: str, encoding: str | None = None) -> int:
+        """Validate (off the event loop) and deliver reward events; returns how many were acknowledged."""
         self.stats.requests += 1
-        records = reward_records(body, tenant=tenant, topic=self.rewards_topic, received_at_ns=self._clock())
-        await self._deliver(self._key(tenant, self.rewards_topic, body), records)
+        key, records = await self._off_loop(self._prepare_rewards, body, tenant, encoding, self._clock())
+        if await self._deliver(key, records):
+            self.stats.stored_rewards += len(records)
         self.stats.acknowledged_rewards += len(records)
         return len(records)
+
+    # --- decoding, on a worker thread ------------------------------------------------------------
+    async def _off_loop(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on a worker thread, at most ``decode_workers`` at a time."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self._decode_workers)
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=self._limiter)
+
+    def _prepare_traces(
+        self, body: bytes, fmt: BodyFormat, tenant: str, encoding: str | None, received_at_ns: int
+    ) -> tuple[bytes, TraceSplit]:
+        body = decompress(body, encoding, limit=self.settings.max_body_bytes)
+        split = split_traces(
+            decode_traces(body, fmt),
+            tenant=tenant,
+            topic=self.spans_topic,
+            received_at_ns=received_at_ns,
+            original=body if fmt == "protobuf" else None,
+            strict=True,
+            check_attributes=mentions_checked_keys(body),
+        )
+        return self._key(tenant, self.spans_topic, body), split
+
+    def _prepare_rewards(
+        self, body: bytes, tenant: str, encoding: str | None, received_at_ns: int
+    ) -> tuple[bytes, list[Record]]:
+        body = decompress(body, encoding, limit=self.settings.max_body_bytes)
+        records = reward_records(body, tenant=tenant, topic=self.rewards_topic, received_at_ns=received_at_ns)
+        return self._key(tenant, self.rewards_topic, body), records
 
     # --- idempotent delivery -------------------------------------------------------------------
     @staticmethod
@@ -125,11 +186,13 @@ class Collector:
             return False
         return True
 
-    async def _deliver(self, key: bytes, records: Sequence[Record]) -> None:
+    async def _deliver(self, key: bytes, records: Sequence[Record]) -> bool:
+        """Return once ``records`` are acknowledged: True if this call wrote them, False for a retry."""
         if self._seen(key):
             self.stats.retried_duplicates += 1
-            return
+            return False
         task = self._pending.get(key)
+        fresh = task is None
         if task is None:
             task = asyncio.ensure_future(self.sink.send(records))
             self._pending[key] = task
@@ -154,6 +217,7 @@ class Collector:
             self.stats.failures += 1
             log.exception("sink failed")
             raise SinkUnavailable(f"record store failed: {exc}") from exc
+        return fresh
 
     def _finished(self, key: bytes, task: asyncio.Future[None]) -> None:
         self._pending.pop(key, None)

@@ -125,7 +125,9 @@ def test_frozen_broker_during_load_loses_and_doubles_nothing(own_broker, tmp_pat
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
             req = ExportTraceServiceRequest()
-            req.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x05" * 16, span_id=b"\x05" * 8, name="x")
+            req.resource_spans.add().scope_spans.add().spans.add(
+                trace_id=b"\x05" * 16, span_id=b"\x05" * 8, name="x", start_time_unix_nano=1_700_000_000_000_000_000
+            )
             r = httpx.post(
                 f"{base}/v1/traces",
                 content=req.SerializeToString(),

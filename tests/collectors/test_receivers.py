@@ -84,7 +84,12 @@ def _span_request(trace: bytes = b"\x07" * 16, n: int = 2) -> ExportTraceService
     req = ExportTraceServiceRequest()
     ss = req.resource_spans.add().scope_spans.add()
     for i in range(n):
-        ss.spans.add(trace_id=trace, span_id=(i + 1).to_bytes(8, "big"), name=f"s{i}", start_time_unix_nano=1)
+        ss.spans.add(
+            trace_id=trace,
+            span_id=(i + 1).to_bytes(8, "big"),
+            name=f"s{i}",
+            start_time_unix_nano=1_700_000_000_000_000_000,
+        )
     return req
 
 

@@ -36,7 +36,9 @@ def trace_request(*sizes: int) -> tuple[bytes, list[str]]:
         trace_id = os.urandom(16)
         traces.append(trace_id.hex())
         for name in ("llm", "tool"):
-            span = scope.spans.add(trace_id=trace_id, span_id=os.urandom(8), name=name)
+            span = scope.spans.add(
+                trace_id=trace_id, span_id=os.urandom(8), name=name, start_time_unix_nano=1_700_000_000_000_000_000
+            )
             kv = span.attributes.add(key="payload")
             kv.value.string_value = "x" * (size // 2)
     return req.SerializeToString(), traces

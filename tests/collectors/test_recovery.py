@@ -68,7 +68,12 @@ def body(i: int) -> bytes:
     req = ExportTraceServiceRequest()
     spans = req.resource_spans.add().scope_spans.add().spans
     for j in range(3):
-        spans.add(trace_id=i.to_bytes(16, "big"), span_id=(i * 8 + j + 1).to_bytes(8, "big"), name=f"s{j}")
+        spans.add(
+            trace_id=i.to_bytes(16, "big"),
+            span_id=(i * 8 + j + 1).to_bytes(8, "big"),
+            name=f"s{j}",
+            start_time_unix_nano=1_700_000_000_000_000_000,
+        )
     return req.SerializeToString()
 
 

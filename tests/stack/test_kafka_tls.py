@@ -96,7 +96,20 @@ def test_every_client_over_mutual_tls(broker: TlsBroker, tls: TlsFiles, tmp_path
             f"http://127.0.0.1:{server.http_port}/v1/traces",
             json={
                 "resourceSpans": [
-                    {"scopeSpans": [{"spans": [{"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "llm"}]}]}
+                    {
+                        "scopeSpans": [
+                            {
+                                "spans": [
+                                    {
+                                        "traceId": "ab" * 16,
+                                        "spanId": "cd" * 8,
+                                        "name": "llm",
+                                        "startTimeUnixNano": str(time.time_ns()),
+                                    }
+                                ]
+                            }
+                        ]
+                    }
                 ]
             },
             timeout=30,
