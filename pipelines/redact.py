@@ -40,15 +40,40 @@ def marker(name: str) -> str:
 
 @dataclass(frozen=True)
 class Detector:
-    """A named regex; ``accept`` may veto a match (a phone number needs 8 to 15 digits)."""
+    """A named regex; ``accept`` may veto a match (a phone number needs 8 to 15 digits).
+
+    Every match contains one of ``triggers`` (as written) or ``itriggers`` (lower case, in any case):
+    text holding none is skipped without running the regex, which is most text (Python's ``re``
+    tries each alternative at each position: ~160 us per KB for ``api_key``). Neither set: always run.
+    """
 
     name: str
     pattern: re.Pattern[str]
-    triggers: tuple[str, ...] = ()  # literals (case-insensitive) one of which every match contains; () = none known
+    triggers: tuple[str, ...] = ()
+    itriggers: tuple[str, ...] = ()
     accept: Callable[[str], bool] | None = None
+
+    def maybe(self, text: str) -> bool:
+        """Whether ``text`` may hold a match (False: it holds none)."""
+        if not self.triggers and not self.itriggers:
+            return True
+        if any(t in text for t in self.triggers):
+            return True
+        if self.itriggers:
+            low = text.lower()
+            return any(t in low for t in self.itriggers)
+        return False
+
+    def search(self, text: str) -> bool:
+        """Whether ``text`` holds a match this detector would replace."""
+        if not self.maybe(text):
+            return False
+        return any(self.accept is None or self.accept(m.group(0)) for m in self.pattern.finditer(text))
 
     def sub(self, text: str) -> tuple[str, bool]:
         """``text`` with every match replaced, and whether any was."""
+        if not self.maybe(text):
+            return text, False
         hit = False
 
         def repl(m: re.Match[str]) -> str:
@@ -84,22 +109,8 @@ _API_KEY = re.compile(
         ]
     )
 )
-_API_TRIGGERS = (
-    "PRIVATE KEY",
-    "sk-",
-    "bearer",
-    *_AWS_PREFIXES,
-    "secret",
-    "ghp_",
-    "gho_",
-    "ghu_",
-    "ghs_",
-    "ghr_",
-    "github_pat_",
-    "xox",
-    "AIza",
-    "eyJ",
-)
+_API_TRIGGERS = (*_AWS_PREFIXES, "sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "AIza", "eyJ")
+_API_ITRIGGERS = ("private key", "bearer", "secret")
 _PHONE = re.compile(
     r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w])"  # international, with its +
     r"|(?<![\w(])\(?\d{3}\)?[ .-]\d{3}[ .-]\d{4}(?![\w])"  # North American: (415) 555-0100
@@ -112,8 +123,8 @@ def _phone_digits(text: str) -> bool:
 
 BUILTIN: dict[str, Detector] = {
     "email": Detector("email", _EMAIL, ("@",)),
-    "api_key": Detector("api_key", _API_KEY, _API_TRIGGERS),
-    "phone": Detector("phone", _PHONE, ("+", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"), _phone_digits),
+    "api_key": Detector("api_key", _API_KEY, _API_TRIGGERS, _API_ITRIGGERS),
+    "phone": Detector("phone", _PHONE, ("+", *"0123456789"), accept=_phone_digits),
 }
 assert set(BUILTIN) == set(REDACTION_DETECTORS)
 ORDER = ("api_key", "email", "phone")  # secrets first: a key may hold an @ or digits
@@ -171,7 +182,7 @@ def _json_cell(raw: str, detectors: Sequence[Detector]) -> tuple[str, set[str]]:
     if all(d.name in BUILTIN for d in detectors) and "\\" not in raw:
         # No escapes: every string value is a piece of ``raw`` between quotes, and no built-in
         # detector matches a quote, so no match in ``raw`` means none in any value.
-        if not any(d.pattern.search(raw) for d in detectors):
+        if not any(d.search(raw) for d in detectors):
             return raw, set()
     try:
         doc = json.loads(raw)
@@ -201,8 +212,8 @@ def redact_spans(table: pa.Table, redactor: Redactor | None = None) -> pa.Table:
     dets = {t: redactor.detectors(t) for t in set(tenants)}
     redacted: list[set[str]] = [set() for _ in range(n)]
     if any(dets.values()):
-        always = {t for t, ds in dets.items() if any(not d.triggers for d in ds)}
-        triggers = {x for ds in dets.values() for d in ds for x in d.triggers}
+        always = {t for t, ds in dets.items() if any(not (d.triggers or d.itriggers) for d in ds)}
+        triggers = {x for ds in dets.values() for d in ds for x in (*d.triggers, *d.itriggers)}
         for name in (*JSON_COLUMNS, *TEXT_COLUMNS):
             if name not in table.column_names:
                 continue
