@@ -486,3 +486,13 @@ def test_incremental_runs_and_replay_do_not_bring_forgotten_rows_back(settings: 
     unaware = Lake(str(tmp_path / "unaware"))
     replay(settings, unaware, deletions_from=Lake(str(tmp_path / "no-deletions")))
     assert "r1" in rows(unaware, "trajectories")["rollout_id"].to_list()
+
+
+def test_declining_the_confirmation_deletes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "lake"
+    lake = two_tenant_lake(root)
+    before = counts(lake)
+    env = {"AGENTLAKE_LAKE": str(root), "AGENTLAKE_STATE_DIR": str(tmp_path / "state")}
+    res = CliRunner().invoke(app, ["forget", "--tenant", "a", "--rollout", "r1"], input="n\n", env=env)
+    assert res.exit_code == 1 and "Aborted" in res.output
+    assert counts(lake) == before and lake.table("deletions") is None
