@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyarrow.fs import FileSelector
 from typer.testing import CliRunner
 
 from agentlake.cli import app
@@ -20,7 +21,9 @@ from pipelines.forget import DELETION_KEY, FORGET_TABLES, Selector, UnknownTenan
 from pipelines.lake import Lake
 from schemas import topics
 from schemas.config import Settings
+from schemas.storage import filesystem
 from schemas.tables import TABLES
+from tests.objectstore import ObjectStore
 
 T0 = dt.datetime(2026, 1, 5, 12, 0, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)
@@ -122,13 +125,13 @@ def put(lake: Lake, name: str, rows: list[dict]) -> None:
     lake.write(name, pa.Table.from_pylist(rows, schema=TABLES[name]))
 
 
-def two_tenant_lake(root: Path) -> Lake:
+def two_tenant_lake(root: Path | Lake) -> Lake:
     """Tenants a and b; both have a rollout named r1 (ids are only unique within a tenant).
 
     a/r1 is trace ta1 plus the gateway's record of its call in trace ta1g (joined by response id),
     with rewards that name it by rollout, by trace only and by response id only.
     """
-    lake = Lake(str(root))
+    lake = root if isinstance(root, Lake) else Lake(str(root))
     # two commits, each mixing tenants, then compacted: the pre-compaction files stay on disk
     put(
         lake,
@@ -201,11 +204,12 @@ def said(result: Any) -> str:
 
 
 def on_disk(lake: Lake, name: str) -> pl.DataFrame:
-    """Every row of every data file under the table's folder: live, tombstoned or orphaned."""
-    files = sorted(Path(lake.uri(name)).rglob("*.parquet"))
+    """Every row of every data file under the table's folder (or prefix): live, tombstoned or orphaned."""
+    fs, base = filesystem(lake.uri(name), lake.storage_options)
+    files = sorted(f.path for f in fs.get_file_info(FileSelector(base, recursive=True)) if f.path.endswith(".parquet"))
     frames = []
     for f in files:
-        t = pq.read_table(f)
+        t = pq.read_table(f, filesystem=fs)
         frames.append(pl.from_arrow(t.select([c for c in ("tenant", "rollout_id", "trace_id") if c in t.column_names])))
     return pl.concat(frames, how="diagonal") if frames else pl.DataFrame()
 
@@ -496,3 +500,22 @@ def test_declining_the_confirmation_deletes_nothing(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["forget", "--tenant", "a", "--rollout", "r1"], input="n\n", env=env)
     assert res.exit_code == 1 and "Aborted" in res.output
     assert counts(lake) == before and lake.table("deletions") is None
+
+
+def test_forget_on_the_object_store(object_store: ObjectStore, tmp_path: Path) -> None:
+    """The default lake is an S3 bucket: the delete, the vacuum and the record work there alike."""
+    lake = two_tenant_lake(Lake(object_store.lake_root(), object_store.storage_options))
+    assert on_disk(lake, "spans").filter(pl.col("trace_id") == "ta1").height == 4
+    env = {
+        "AGENTLAKE_LAKE": lake.root,
+        "AGENTLAKE_LAKE__STORAGE_OPTIONS": json.dumps(dict(lake.storage_options)),
+        "AGENTLAKE_STATE_DIR": str(tmp_path / "state"),
+    }
+    res = CliRunner().invoke(app, ["forget", "--tenant", "a", "--rollout", "r1", "--yes"], env=env)
+    assert res.exit_code == 0, res.output
+    assert sorted(rows(lake, "spans")["span_id"]) == ["s2", "s3", "s6"]
+    for name in ("spans", "rewards", "trajectories", "transitions"):
+        disk = on_disk(lake, name)
+        assert disk.filter((pl.col("tenant") == "a") & (pl.col("rollout_id") == "r1")).height == 0, name
+    assert on_disk(lake, "spans").filter(pl.col("trace_id").is_in(["ta1", "ta1g"])).height == 0
+    assert rows(lake, "deletions")["rows_removed"].to_list() == [10]
