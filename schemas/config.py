@@ -254,7 +254,41 @@ class KafkaSettings(_Section):
         return bool(servers) and servers != self._local_broker
 
 
-class CollectorSettings(_Section):
+class TlsServerSettings(_Section):
+    """TLS for a server we run (the collector's receivers, the gateway): off while ``tls_certfile`` is empty.
+
+    ``tls_certfile`` / ``tls_keyfile``: the server's certificate chain and private key (PEM).
+    ``tls_client_cafile``: a CA (PEM); when set, every client must present a certificate it signed
+    (mutual TLS). The files are read when the server starts; a missing one is a ``ConfigError`` then.
+    """
+
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_client_cafile: str = ""
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> TlsServerSettings:
+        if bool(self.tls_certfile) != bool(self.tls_keyfile):
+            raise ValueError("TLS needs both tls_certfile and tls_keyfile (PEM files)")
+        if self.tls_client_cafile and not self.tls_certfile:
+            raise ValueError("tls_client_cafile (client certificates) needs TLS on: set tls_certfile and tls_keyfile")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """True when the server speaks TLS."""
+        return bool(self.tls_certfile)
+
+    def tls_files(self) -> dict[str, str]:
+        """The TLS files that are set, each checked to exist (a clear error at start, not a handshake failure)."""
+        files = {k: v for k in ("tls_certfile", "tls_keyfile", "tls_client_cafile") if (v := getattr(self, k))}
+        for key, path in files.items():
+            if not Path(path).is_file():
+                raise ConfigError(f"{key}: {path} is not a file")
+        return files
+
+
+class CollectorSettings(TlsServerSettings):
     host: str = "127.0.0.1"
     http_port: int = Field(4318, ge=0, le=65535)
     grpc_port: int = Field(4317, ge=0, le=65535)
@@ -274,7 +308,18 @@ class CollectorSettings(_Section):
         return v
 
 
-class GatewaySettings(_Section):
+class GatewaySettings(TlsServerSettings):
+    """The OpenAI-compatible gateway. Callers authenticate with the collector's tokens
+    (``collector.auth_tokens``, bearer token -> tenant): their calls are recorded under that tenant.
+
+    ``allow_anonymous``: calls without a known token are served as tenant ``default``. Unset, it is on
+    only while ``collector.auth_tokens`` is empty (a local stack); with tokens, set it true explicitly
+    to let anonymous callers in. ``admin_token``: the bearer token of ``/admin/pause|resume|state``;
+    empty, those answer only while anonymous calls are allowed (403 otherwise).
+    ``max_body_bytes``: a larger request is refused with 413 before it is read; keep it well under
+    ``kafka.max_message_bytes``, since the call's span holds the whole request.
+    """
+
     host: str = "127.0.0.1"
     port: int = Field(4000, ge=0, le=65535)
     upstreams: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
@@ -282,6 +327,22 @@ class GatewaySettings(_Section):
     # Recorded calls wait on disk (<state>/spill/gateway) until Kafka acknowledges them; past this
     # many pending bytes new calls are dropped (counted at /health and in `agentlake status`).
     spill_max_bytes: int = Field(512 << 20, ge=64 << 10)
+    allow_anonymous: bool | None = None
+    admin_token: str = ""
+    max_body_bytes: int = Field(4 << 20, ge=1024)
+
+    def anonymous_allowed(self, auth_tokens: Mapping[str, str]) -> bool:
+        """Whether calls without a known token are served (as tenant ``default``)."""
+        return self.allow_anonymous if self.allow_anonymous is not None else not auth_tokens
+
+    @property
+    def url(self) -> str:
+        """Where clients reach the gateway (https when TLS is on)."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    def admin_headers(self) -> dict[str, str]:
+        """The headers an operator's tool sends to ``/admin/*``: the admin token, when one is set."""
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
 
 
 class ModelSettings(_Section):
@@ -470,13 +531,68 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+# Settings whose values are secrets: an error names them but never shows their value.
+SECRET_SETTINGS = frozenset(
+    {
+        "collector.auth_tokens",
+        "gateway.admin_token",
+        "kafka.sasl_password",
+        "kafka.ssl_key_password",
+        "lake.storage_options",
+    }
+)
+_SECRET_WORDS = ("password", "secret", "credential", "private_key")
+HIDDEN = "<hidden>"
+
+
+def _secret_name(name: str) -> bool:
+    lowered = name.lower()
+    return any(w in lowered for w in _SECRET_WORDS)
+
+
+def _redact_url(value: str) -> str:
+    """A URL with the password of its user part replaced."""
+    try:
+        url = urlsplit(value)
+        if url.password is None:
+            return value
+        host = url.netloc.rpartition("@")[2]
+        return url._replace(netloc=f"{url.username or ''}:{HIDDEN}@{host}").geturl()
+    except ValueError:
+        return HIDDEN
+
+
+def redact(path: str, value: Any) -> Any:
+    """``value`` of the setting ``path`` as an error may show it: secrets hidden, at any depth."""
+    name = path.rsplit(".", 1)[-1]
+    if path in SECRET_SETTINGS or _secret_name(name):
+        return HIDDEN
+    if isinstance(value, str) and "://" in value:
+        return _redact_url(value)
+    if isinstance(value, Mapping):
+        return {k: redact(f"{path}.{k}", v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(path, v) for v in value]
+    return value
+
+
+def _error_key(loc: tuple[Any, ...]) -> str:
+    """The setting an error is about; a secret's own path stops at it (a token may be a dict key)."""
+    parts: list[str] = []
+    for part in loc:
+        parts.append(str(part))
+        if ".".join(parts) in SECRET_SETTINGS:
+            break
+    return ".".join(parts)
+
+
 def _format(err: ValidationError, sources: Mapping[str, str]) -> str:
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
+        key = _error_key(e["loc"])
         src = sources.get(key) or sources.get(key.split(".")[0], "defaults")
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        shown = "" if e["type"] == "extra_forbidden" else f" (got {e.get('input')!r})"
+        shown = "" if e["type"] == "extra_forbidden" else f" (got {redact(key, e.get('input'))!r})"
         lines.append(f"{key}: {msg}{shown} [from {src}]")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
@@ -588,7 +704,7 @@ def load_settings(
             raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
         for section, values in data.items():
             if not isinstance(values, dict):
-                raise ConfigError(f"{file}: {section!r} must be a [table] of settings, got {values!r}")
+                raise ConfigError(f"{file}: {section!r} must be a [table] of settings, got {redact(section, values)!r}")
             for key in values:
                 sources[f"{section}.{key}"] = str(file)
     elif explicit:
@@ -634,7 +750,8 @@ def load_settings(
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format(exc, sources)) from exc
+        # ``from None``: the ValidationError's own text shows every input, secrets included.
+        raise ConfigError(_format(exc, sources)) from None
     settings.kafka._local_broker = local_broker
     settings.lake._local = local_lake
     settings.lake._unavailable = unavailable
