@@ -3,6 +3,9 @@
 ``CollectorServer`` owns the sink's lifecycle: it connects the Kafka producer in the background
 (so the process is up, answering 503, before the broker is), and on ``stop`` it lets in-flight
 requests finish, then flushes the producer, so a SIGTERM loses nothing that was acknowledged.
+
+TLS (``collector.tls_certfile`` / ``tls_keyfile``, and ``tls_client_cafile`` for client
+certificates) covers both receivers: HTTPS on the HTTP port, a secure port for gRPC.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collectors.otlp_grpc import create_server
 from collectors.otlp_http import create_app
 from collectors.service import Collector
 from collectors.sink import RecordSink
+from collectors.tls import grpc_credentials, uvicorn_tls
 from schemas.config import Settings
 
 log = logging.getLogger(__name__)
@@ -125,10 +129,16 @@ class CollectorServer:
     async def start(self) -> None:
         """Connect (in the background) and start listening on both ports."""
         cfg = self.settings.collector
+        tls = uvicorn_tls(cfg)  # checks the TLS files first: a missing one fails before anything listens
+        credentials = grpc_credentials(cfg)
         if isinstance(self.sink, KafkaSink):
             self._connect_task = asyncio.create_task(self._connect())
         self._grpc = create_server(self.collector, self.health)
-        self.grpc_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        address = f"{cfg.host}:{cfg.grpc_port}"
+        if credentials is None:
+            self.grpc_port = self._grpc.add_insecure_port(address)
+        else:
+            self.grpc_port = self._grpc.add_secure_port(address, credentials)
         await self._grpc.start()
         sock = bind(cfg.host, cfg.http_port)
         self.http_port = sock.getsockname()[1]
@@ -139,6 +149,7 @@ class CollectorServer:
             lifespan="off",
             timeout_graceful_shutdown=15,
             server_header=False,
+            **tls,
         )
         self._http = QuietServer(config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
@@ -147,7 +158,13 @@ class CollectorServer:
                 self._http_task.result()
             await asyncio.sleep(0.01)
         log.info(
-            "collector listening: OTLP/HTTP %s:%d, OTLP/gRPC %s:%d", cfg.host, self.http_port, cfg.host, self.grpc_port
+            "collector listening: OTLP/HTTP%s %s:%d, OTLP/gRPC%s %s:%d",
+            "S" if tls else "",
+            cfg.host,
+            self.http_port,
+            " (TLS)" if tls else "",
+            cfg.host,
+            self.grpc_port,
         )
 
     async def stop(self) -> None:
