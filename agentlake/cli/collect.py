@@ -15,9 +15,11 @@ app.add_typer(gateway_app, name="gateway")
 
 def _call(config: str | None, method: str, path: str, **params: float) -> dict[str, object]:
     g = settings_or_exit(config).gateway
-    url = f"http://{g.host}:{g.port}{path}"
+    url = f"{g.url}{path}"
     try:
-        r = httpx.request(method, url, params=params or None, timeout=max(10.0, *params.values(), 0) + 5)
+        r = httpx.request(
+            method, url, params=params or None, headers=g.admin_headers(), timeout=max(10.0, *params.values(), 0) + 5
+        )
     except httpx.HTTPError as exc:
         raise AgentlakeError(f"the gateway at {url} does not answer ({exc}); is it up? see `agentlake status`") from exc
     if r.status_code != 200:

@@ -13,6 +13,12 @@ Retry-After while in-flight calls finish, so weights can be swapped under a quie
 A rollout that only the gateway sees (the client names it by header or ``/rollout/{id}/`` path and
 sends no ``traceparent``) has no root span of its own, so it runs until ``POST /rollout/{id}/end``
 (status, optional reward) or the pipeline's idle timeout ends it.
+
+Callers authenticate with the collector's bearer tokens (collectors.gateway.auth); each call's spans
+carry the caller's tenant, and the pipeline keys every rollout by (tenant, rollout id). So a rollout
+id is the caller's own: tenant B naming a rollout id tenant A uses (header, path or ``/end``) gets a
+rollout of its own under that id, and can neither add calls to A's rollout nor end or reward it.
+Bodies over ``gateway.max_body_bytes`` are refused with 413 while being read, never buffered whole.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import PurePath
 from typing import Any, Literal
 
@@ -33,6 +39,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from collectors.errors import CollectorError
+from collectors.gateway.auth import GatewayAuth
 from collectors.gateway.spans import (
     LlmCall,
     new_ids,
@@ -42,10 +50,10 @@ from collectors.gateway.spans import (
     traceparent,
 )
 from collectors.gateway.spill import SpillFull
+from collectors.otlp_http import read_body
 from collectors.sink import RecordSink
 from schemas import attributes as A
 from schemas.config import Settings
-from schemas.topics import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,7 @@ TASK_HEADER = "x-agentlake-task-id"
 _DROP_HEADERS = {
     "host",
     "content-length",
+    "content-encoding",  # the body is parsed here and sent on as plain JSON
     "connection",
     "keep-alive",
     "transfer-encoding",
@@ -68,12 +77,40 @@ _DROP_HEADERS = {
     "proxy-authorization",
 }
 _MODELS_TTL_S = 2.0  # short: a LoRA hot swap under the same name must show up as a new policy version
+_MAX_PAUSE_WAIT_S = 3600.0
+_ERROR_KINDS = {401: "authentication_error", 403: "permission_error", 413: "request_too_large"}
 
 
 def openai_error(
     status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+def json_response(data: Any) -> Response:
+    """A JSON answer that renders whatever the upstream sent (NaN, lone surrogates) instead of failing."""
+    return Response(json.dumps(data, separators=(",", ":")), media_type="application/json")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def read_json(request: Request, limit: int) -> Any | Response:
+    """The request's JSON body (empty: ``{}``), read at most ``limit`` bytes; an error answer otherwise."""
+    try:
+        raw = await read_body(request, limit)
+    except CollectorError as exc:
+        message = str(exc)
+        if exc.status == 413:
+            message = f"request body too large: {exc} (the gateway's gateway.max_body_bytes)"
+        return openai_error(exc.status, message, _ERROR_KINDS.get(exc.status, "invalid_request_error"))
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return openai_error(400, f"request body is not valid JSON: {exc}")
 
 
 def _force(body: dict[str, Any], kind: Kind) -> dict[str, Any]:
@@ -86,7 +123,8 @@ def _force(body: dict[str, Any], kind: Kind) -> dict[str, Any]:
     elif up.get("logprobs") is None:
         up["logprobs"] = 0  # vLLM completions: the sampled token's logprob, no alternatives
     if up.get("stream"):
-        up["stream_options"] = {**(up.get("stream_options") or {}), "include_usage": True}
+        options = up.get("stream_options")
+        up["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return up
 
 
@@ -97,7 +135,8 @@ class _Asked:
         self.ids = body.get("return_token_ids") is True
         lp = body.get("logprobs")
         self.logprobs = bool(lp) if kind == "chat" else lp is not None
-        self.usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = body.get("stream_options")
+        self.usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
     def strip(self, data: dict[str, Any], *, chunk: bool = False) -> dict[str, Any] | None:
         if chunk and not self.usage and data.get("usage") is not None and not data.get("choices"):
@@ -187,6 +226,13 @@ class Gateway:
     def __init__(self, settings: Settings, sink: RecordSink, *, client: httpx.AsyncClient | None = None) -> None:
         self.settings = settings
         self.sink = sink
+        self.auth = GatewayAuth(settings)
+        self.max_body_bytes = settings.gateway.max_body_bytes
+        if self.max_body_bytes * 2 > settings.kafka.max_message_bytes:
+            raise ValueError(
+                f"gateway.max_body_bytes ({self.max_body_bytes}) must be at most half of kafka.max_message_bytes "
+                f"({settings.kafka.max_message_bytes}): a call's span holds its whole request and the answer"
+            )
         self.upstreams = [u.rstrip("/") for u in settings.gateway.upstreams]
         if not self.upstreams:
             raise ValueError("gateway.upstreams is empty: name at least one vLLM server URL")
@@ -266,7 +312,7 @@ class Gateway:
                 call.adapter, call.policy_version = await self._policy(call.upstream, call.response_model)
             topic = self.settings.kafka.spans_topic
             now = time.time_ns()
-            records = [span_record(c, tenant=DEFAULT_TENANT, topic=topic, received_at_ns=now) for c in calls]
+            records = [span_record(c, tenant=c.tenant, topic=topic, received_at_ns=now) for c in calls]
             await self.sink.send(records)
             self.recorded_spans += len(records)
         except SpillFull as exc:
@@ -276,19 +322,17 @@ class Gateway:
             self.record_failures += len(calls)
             log.exception("LLM call spans were lost")
 
-    async def end_rollout(self, request: Request) -> Response:
-        """``POST /rollout/{id}/end``: end a rollout the gateway alone has seen.
+    async def end_rollout(self, request: Request, tenant: str) -> Response:
+        """``POST /rollout/{id}/end``: end a rollout the gateway alone has seen (the caller's tenant's).
 
         Body (optional JSON): ``status`` ("finished", the default, or "failed"), ``reward`` (a
         number) and ``reward_name``. The attempt and task come from the same headers as on the
         calls. Calls of this rollout still being recorded go first; the answer comes once the end
         is in the spill.
         """
-        raw = await request.body()
-        try:
-            body = json.loads(raw) if raw.strip() else {}
-        except (ValueError, UnicodeDecodeError) as exc:
-            return openai_error(400, f"request body is not valid JSON: {exc}")
+        body = await read_json(request, self.max_body_bytes)
+        if isinstance(body, Response):
+            return body
         if not isinstance(body, dict):
             return openai_error(400, "request body must be a JSON object")
         status = body.get("status", "finished")
@@ -311,7 +355,7 @@ class Gateway:
             status,
             reward=reward,
             reward_name=reward_name,
-            tenant=DEFAULT_TENANT,
+            tenant=tenant,
             topic=self.settings.kafka.spans_topic,
             now_ns=time.time_ns(),
         )
@@ -344,8 +388,12 @@ class Gateway:
 
     # --- proxying ----------------------------------------------------------------------------------
     def _headers(self, request: Request, tp: str) -> dict[str, str]:
+        """The client's headers for the upstream, less hop-by-hop ones, ours and our tokens."""
         out = {k: v for k, v in request.headers.items() if k not in _DROP_HEADERS and not k.startswith("x-agentlake-")}
+        if self.auth.is_ours(out.get("authorization")):
+            del out["authorization"]
         out["traceparent"] = tp
+        out["content-type"] = "application/json"
         return out
 
     def _calls(self, data: dict[str, Any], base: LlmCall, kind: Kind) -> list[LlmCall]:
@@ -382,20 +430,20 @@ class Gateway:
                     finish_reason=choice.get("finish_reason"),
                     usage=own_usage,
                     ids=base.ids,
+                    tenant=base.tenant,
                     choice_index=index if isinstance(index, int) and index >= 0 else n,
                 )
             )
         return calls
 
-    async def completion(self, request: Request, kind: Kind) -> Response:
+    async def completion(self, request: Request, kind: Kind, tenant: str) -> Response:
         if self.paused:
             return openai_error(
                 429, "the policy is being updated; retry shortly", "rate_limit_error", headers={"Retry-After": "1"}
             )
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as exc:
-            return openai_error(400, f"request body is not valid JSON: {exc}")
+        body = await read_json(request, self.max_body_bytes)
+        if isinstance(body, Response):
+            return body
         if not isinstance(body, dict):
             return openai_error(400, "request body must be a JSON object")
         ids = self._ids(request)
@@ -415,6 +463,7 @@ class Gateway:
             request_model=body.get("model") if isinstance(body.get("model"), str) else None,
             request_messages=body.get("messages") if kind == "chat" else body.get("prompt"),
             ids=ids,
+            tenant=tenant,
         )
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         asked = _Asked(body, kind)
@@ -424,7 +473,7 @@ class Gateway:
             req = self.client.build_request(
                 "POST",
                 upstream + path,
-                json=_force(body, kind),
+                content=json.dumps(_force(body, kind), separators=(",", ":")).encode(),
                 headers=self._headers(request, traceparent(trace_id, span_id)),
             )
             try:
@@ -448,8 +497,12 @@ class Gateway:
                     base.error = "upstream answered 200 with a body that is not JSON"
                     self.record([base])
                     return Response(content, resp.status_code, media_type=media)
+                if not isinstance(data, dict):
+                    base.error = "upstream answered 200 with JSON that is not an object"
+                    self.record([base])
+                    return Response(content, resp.status_code, media_type=media)
                 self.record(self._calls(data, base, kind))
-                return JSONResponse(asked.strip(data))
+                return json_response(asked.strip(data))
             streaming = True
             return StreamingResponse(self._relay(resp, base, kind, asked), media_type="text/event-stream")
         finally:
@@ -499,42 +552,85 @@ class Gateway:
         """The union of every upstream's /v1/models (errors of the first pass through)."""
         data: list[Any] = []
         seen = set()
-        for i, upstream in enumerate(self.upstreams):
+        single = len(self.upstreams) == 1
+        for upstream in self.upstreams:
             try:
                 r = await self.client.get(f"{upstream}/v1/models")
             except httpx.HTTPError as exc:
-                if i == 0 and len(self.upstreams) == 1:
+                if single:
                     return openai_error(502, f"upstream {upstream} is unreachable: {exc}", "upstream_error")
                 continue
             if r.status_code != 200:
-                if len(self.upstreams) == 1:
+                if single:
                     return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
                 continue
-            for m in r.json().get("data", []):
-                if m.get("id") not in seen:
-                    seen.add(m.get("id"))
+            try:
+                listed = r.json().get("data", [])
+            except (ValueError, AttributeError):
+                if single:
+                    message = f"upstream {upstream} listed its models in no JSON object"
+                    return openai_error(502, message, "upstream_error")
+                continue
+            for m in listed if isinstance(listed, list) else ():
+                if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"] not in seen:
+                    seen.add(m["id"])
                     data.append(m)
-        return JSONResponse({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
+
+
+TenantHandler = Callable[[Request, str], Awaitable[Response]]
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(gateway: Gateway) -> Starlette:
-    """Routes: OpenAI API (also under /rollout/{id}/), admin pause/resume, health."""
+    """Routes: OpenAI API (also under /rollout/{id}/) for tenants, admin pause/resume/state, health."""
+    auth = gateway.auth
 
-    async def chat(request: Request) -> Response:
-        return await gateway.completion(request, "chat")
+    def tenant_route(handler: TenantHandler) -> Handler:
+        """The handler, called with the caller's tenant; 401 when a token is required and missing or unknown."""
 
-    async def completions(request: Request) -> Response:
-        return await gateway.completion(request, "completions")
+        async def route(request: Request) -> Response:
+            try:
+                tenant = auth.tenant(request.headers.get("authorization"))
+            except CollectorError as exc:
+                return openai_error(exc.status, str(exc), "authentication_error", {"WWW-Authenticate": "Bearer"})
+            return await handler(request, tenant)
+
+        return route
+
+    def admin_route(handler: Handler) -> Handler:
+        """The handler, for the admin token only (401 without a token, 403 with another)."""
+
+        async def route(request: Request) -> Response:
+            refusal = auth.admin_refusal(request.headers.get("authorization"))
+            if refusal is not None:
+                headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
+                return openai_error(refusal.status, refusal.message, _ERROR_KINDS[refusal.status], headers)
+            return await handler(request)
+
+        return route
+
+    async def chat(request: Request, tenant: str) -> Response:
+        return await gateway.completion(request, "chat", tenant)
+
+    async def completions(request: Request, tenant: str) -> Response:
+        return await gateway.completion(request, "completions", tenant)
+
+    async def models(request: Request, _tenant: str) -> Response:
+        return await gateway.models(request)
 
     async def pause(request: Request) -> Response:
-        gateway.pause()
         wait = request.query_params.get("wait")
-        idle = True
+        seconds = 0.0
         if wait:
             try:
-                idle = await gateway.wait_idle(float(wait))
+                seconds = float(wait)
             except ValueError:
-                return openai_error(400, f"wait must be seconds, got {wait!r}")
+                seconds = math.nan
+            if not 0 <= seconds <= _MAX_PAUSE_WAIT_S:
+                return openai_error(400, f"wait must be seconds from 0 to {_MAX_PAUSE_WAIT_S:.0f}, got {wait!r}")
+        gateway.pause()
+        idle = await gateway.wait_idle(seconds) if wait else True
         return JSONResponse(_state(gateway) | {"idle": idle})
 
     async def resume(_: Request) -> Response:
@@ -544,18 +640,24 @@ def create_app(gateway: Gateway) -> Starlette:
     async def state(_: Request) -> Response:
         return JSONResponse(_state(gateway))
 
-    routes = [Route("/rollout/{rollout_id}/end", gateway.end_rollout, methods=["POST"])]
+    async def health(request: Request) -> Response:
+        """Liveness for anyone; the full state (upstreams, counters, spill) only where admin is allowed."""
+        if auth.admin_refusal(request.headers.get("authorization")) is None:
+            return JSONResponse(_state(gateway))
+        return JSONResponse({"status": "ok", "paused": gateway.paused})
+
+    routes = [Route("/rollout/{rollout_id}/end", tenant_route(gateway.end_rollout), methods=["POST"])]
     for prefix in ("", "/rollout/{rollout_id}"):
         routes += [
-            Route(f"{prefix}/v1/chat/completions", chat, methods=["POST"]),
-            Route(f"{prefix}/v1/completions", completions, methods=["POST"]),
-            Route(f"{prefix}/v1/models", gateway.models, methods=["GET"]),
+            Route(f"{prefix}/v1/chat/completions", tenant_route(chat), methods=["POST"]),
+            Route(f"{prefix}/v1/completions", tenant_route(completions), methods=["POST"]),
+            Route(f"{prefix}/v1/models", tenant_route(models), methods=["GET"]),
         ]
     routes += [
-        Route("/admin/pause", pause, methods=["POST"]),
-        Route("/admin/resume", resume, methods=["POST"]),
-        Route("/admin/state", state, methods=["GET"]),
-        Route("/health", state, methods=["GET"]),
+        Route("/admin/pause", admin_route(pause), methods=["POST"]),
+        Route("/admin/resume", admin_route(resume), methods=["POST"]),
+        Route("/admin/state", admin_route(state), methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
     ]
     return Starlette(routes=routes)
 

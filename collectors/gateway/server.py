@@ -1,4 +1,5 @@
-"""Run the gateway: uvicorn on ``gateway.host:port``, spans through a disk spill to Kafka, clean SIGTERM.
+"""Run the gateway: uvicorn on ``gateway.host:port`` (TLS when ``gateway.tls_certfile`` is set), spans
+through a disk spill to Kafka, clean SIGTERM.
 
 Recorded calls go to the spill (``<state>/spill/gateway``, see collectors.gateway.spill) and from
 there to Kafka, in order, whenever Kafka answers; a gateway started on a non-empty spill resends it.
@@ -19,6 +20,7 @@ from collectors.gateway.spill import SpillSink
 from collectors.kafka_sink import KafkaSink
 from collectors.server import QuietServer, bind
 from collectors.sink import RecordSink
+from collectors.tls import uvicorn_tls
 from schemas.config import Settings
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,11 @@ class GatewayServer:
                 await asyncio.sleep(1.0)
 
     async def start(self) -> None:
+        g = self.settings.gateway
+        tls = uvicorn_tls(g)  # checks the TLS files before anything starts
         self.spill.start()  # takes the spill folder (one gateway each), resends what it holds
         if isinstance(self.sink, KafkaSink):
             self._connect = asyncio.create_task(self._connect_sink())
-        g = self.settings.gateway
         sock = bind(g.host, g.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
@@ -80,6 +83,7 @@ class GatewayServer:
             lifespan="off",
             timeout_graceful_shutdown=int(min(g.request_timeout_s, 60)),
             server_header=False,
+            **tls,
         )
         self._server = QuietServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
@@ -87,7 +91,14 @@ class GatewayServer:
             if self._task.done():
                 self._task.result()
             await asyncio.sleep(0.01)
-        log.info("gateway listening on %s:%d -> %s", g.host, self.port, ", ".join(self.gateway.upstreams))
+        log.info(
+            "gateway listening on %s://%s:%d -> %s (%s)",
+            "https" if tls else "http",
+            g.host,
+            self.port,
+            ", ".join(self.gateway.upstreams),
+            "anonymous calls allowed" if self.gateway.auth.anonymous else "bearer token required",
+        )
 
     async def stop(self) -> None:
         """Finish in-flight calls, spill their spans, send what Kafka takes now, flush the producer.

@@ -19,6 +19,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from collectors.records import Record, split_traces
 from schemas import attributes as A
+from schemas.topics import DEFAULT_TENANT
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 SERVICE_NAME = A.GATEWAY_SERVICE_NAME
@@ -51,7 +52,10 @@ def _value(v: Any) -> AnyValue:
         out = AnyValue()
         out.array_value.values.extend(_value(x) for x in v)
         return out
-    return AnyValue(string_value=str(v))
+    text = str(v)
+    if not text.isascii():  # a lone surrogate (JSON may carry "\ud800") is no UTF-8: protobuf refuses it
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return AnyValue(string_value=text)
 
 
 @dataclass
@@ -82,6 +86,7 @@ class LlmCall:
     usage: dict[str, Any] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)  # rollout/attempt/task ids from the caller
     choice_index: int = 0  # which choice of the answer (``n > 1`` asks for several)
+    tenant: str = DEFAULT_TENANT  # the caller's, from its bearer token (the Kafka record's tenant header)
 
     @property
     def call_id(self) -> str | None:
