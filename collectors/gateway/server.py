@@ -8,6 +8,7 @@ there to Kafka, in order, whenever Kafka answers; a gateway started on a non-emp
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from pathlib import Path
 
@@ -99,6 +100,12 @@ class GatewayServer:
             ", ".join(self.gateway.upstreams),
             "anonymous calls allowed" if self.gateway.auth.anonymous else "bearer token required",
         )
+        if self.gateway.auth.anonymous and not _loopback(g.host):
+            log.warning(
+                "the gateway on %s takes calls without a token: set collector.auth_tokens and "
+                "gateway.admin_token, or bind gateway.host to 127.0.0.1",
+                g.host,
+            )
 
     async def stop(self) -> None:
         """Finish in-flight calls, spill their spans, send what Kafka takes now, flush the producer.
@@ -114,6 +121,13 @@ class GatewayServer:
             self._connect.cancel()
         if isinstance(self.sink, KafkaSink):
             await asyncio.to_thread(self.sink.close, 30.0)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
