@@ -96,8 +96,11 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-async def read_json(request: Request, limit: int) -> Any | Response:
-    """The request's JSON body (empty: ``{}``), read at most ``limit`` bytes; an error answer otherwise."""
+async def read_json(request: Request, limit: int, *, optional: bool = False) -> Any | Response:
+    """The request's JSON body, reading at most ``limit`` bytes; an error answer otherwise.
+
+    ``optional``: an empty body is ``{}`` (else it is not JSON: 400).
+    """
     try:
         raw = await read_body(request, limit)
     except CollectorError as exc:
@@ -105,7 +108,7 @@ async def read_json(request: Request, limit: int) -> Any | Response:
         if exc.status == 413:
             message = f"request body too large: {exc} (the gateway's gateway.max_body_bytes)"
         return openai_error(exc.status, message, _ERROR_KINDS.get(exc.status, "invalid_request_error"))
-    if not raw.strip():
+    if optional and not raw.strip():
         return {}
     try:
         return json.loads(raw, parse_constant=_no_constants)
@@ -330,7 +333,7 @@ class Gateway:
         calls. Calls of this rollout still being recorded go first; the answer comes once the end
         is in the spill.
         """
-        body = await read_json(request, self.max_body_bytes)
+        body = await read_json(request, self.max_body_bytes, optional=True)
         if isinstance(body, Response):
             return body
         if not isinstance(body, dict):
