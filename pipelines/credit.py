@@ -10,18 +10,22 @@ rollout's final reward):
                 matched to one)     G_t = Σ_{k≥t} γ^(k-t)·r_k
 
 Advantages are computed per rollout from its score S (R, or G_0 for per_step) against its group
-(the task): GRPO (S-mean)/std, RLOO S-mean(others), a running baseline S-b for single-sample
-production traffic, or none; then broadcast to the calls as A·w_t, or for per_step (G_t-b)/s.
+(the task of its tenant): GRPO (S-mean)/std, RLOO S-mean(others), a running baseline S-b for
+single-sample production traffic (one per tenant), or none; then broadcast to the calls as A·w_t,
+or for per_step (G_t-b)/s. Groups and baselines never span tenants: one tenant's rewards cannot
+move another's advantages.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import polars as pl
+
+from schemas.topics import DEFAULT_TENANT
 
 CreditMode = Literal["identical", "discounted", "per_step", "last_only"]
 AdvantageMode = Literal["grpo", "rloo", "running_baseline", "none"]
@@ -69,6 +73,42 @@ class RunningBaseline:
         return cls(float(d["value"]), int(d["count"]))
 
 
+@dataclass
+class TenantBaselines:
+    """One running baseline per tenant, so one tenant's rewards never move another's advantages.
+
+    Saved as the single baseline was (``value``, ``count``: the default tenant's), plus the other
+    tenants under ``tenants``: a lake from before keeps its baseline, and one tenant's is unchanged.
+    """
+
+    by_tenant: dict[str, RunningBaseline] = field(default_factory=dict)
+
+    def of(self, tenant: str) -> RunningBaseline:
+        """The tenant's baseline, started empty the first time the tenant is seen."""
+        return self.by_tenant.setdefault(tenant, RunningBaseline())
+
+    def to_json(self) -> str:
+        default = self.by_tenant.get(DEFAULT_TENANT, RunningBaseline())
+        out: dict[str, object] = {"value": default.value, "count": default.count}
+        others = {t: {"value": b.value, "count": b.count} for t, b in sorted(self.by_tenant.items())}
+        others.pop(DEFAULT_TENANT, None)
+        if others:
+            out["tenants"] = others
+        return json.dumps(out)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> TenantBaselines:
+        if not text:
+            return cls()
+        d = json.loads(text)
+        out = cls()
+        if int(d.get("count", 0)):
+            out.by_tenant[DEFAULT_TENANT] = RunningBaseline(float(d["value"]), int(d["count"]))
+        for tenant, b in (d.get("tenants") or {}).items():
+            out.by_tenant[tenant] = RunningBaseline(float(b["value"]), int(b["count"]))
+        return out
+
+
 def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.DataFrame:
     """Add ``reward``, ``return``, ``weight`` and ``score`` to calls.
 
@@ -104,40 +144,48 @@ def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.Dat
     raise ValueError(f"unknown credit mode {mode!r}; expected identical, discounted, per_step or last_only")
 
 
+def _state_of(state: RunningBaseline | TenantBaselines, tenant: str) -> RunningBaseline:
+    return state.of(tenant) if isinstance(state, TenantBaselines) else state
+
+
 def advantages(
     calls: pl.DataFrame,
     mode: AdvantageMode,
     *,
     normalize_std: bool = True,
     per_step: bool = False,
-    baseline: RunningBaseline | None = None,
-    known_baselines: dict[str, float] | None = None,
+    baseline: RunningBaseline | TenantBaselines | None = None,
+    known_baselines: dict[tuple[str, str], float] | None = None,
 ) -> pl.DataFrame:
-    """Add ``advantage`` and ``baseline``: per rollout from ``score`` over its ``group_id``, then broadcast.
+    """Add ``advantage`` and ``baseline``: per rollout from ``score`` over its group, then broadcast.
 
-    For the running baseline, ``known_baselines`` (by rollout id) holds what rollouts seen before
-    were compared with: they keep it, and only rollouts new to it advance the running value, so
-    recomputing a group never counts a rollout twice.
+    A group is ``group_id`` within the rollout's ``tenant`` (when the calls carry one), and each
+    tenant has its own running baseline (``TenantBaselines``; a plain ``RunningBaseline`` serves
+    calls without tenants). For the running baseline, ``known_baselines`` (by (tenant, rollout id))
+    holds what rollouts seen before were compared with: they keep it, and only rollouts new to it
+    advance the running value, so recomputing a group never counts a rollout twice.
     """
     rid = pl.col("rollout_id") if "rollout_id" in calls.columns else pl.col("_rk").alias("rollout_id")
+    tenant = pl.col("tenant") if "tenant" in calls.columns else pl.lit(DEFAULT_TENANT).alias("tenant")
+    group = ["tenant", "group_id"]
     rollouts = calls.group_by("_rk").agg(
-        rid.first(), pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first()
+        rid.first(), tenant.first(), pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first()
     )
     if mode == "grpo":
-        stats = rollouts.group_by("group_id").agg(
+        stats = rollouts.group_by(group).agg(
             pl.col("score").mean().alias("_b"),
             pl.col("score").std(ddof=1).alias("_sd"),
             pl.len().alias("_n"),
         )
-        rollouts = rollouts.join(stats, on="group_id").with_columns(
+        rollouts = rollouts.join(stats, on=group).with_columns(
             pl.when(pl.col("_n") > 1).then(pl.col("_b")).otherwise(pl.col("score")).alias("_b"),
             (pl.when((pl.col("_n") > 1) & pl.lit(normalize_std)).then(pl.col("_sd") + STD_EPS).otherwise(1.0)).alias(
                 "_s"
             ),
         )
     elif mode == "rloo":
-        stats = rollouts.group_by("group_id").agg(pl.col("score").sum().alias("_sum"), pl.len().alias("_n"))
-        rollouts = rollouts.join(stats, on="group_id").with_columns(
+        stats = rollouts.group_by(group).agg(pl.col("score").sum().alias("_sum"), pl.len().alias("_n"))
+        rollouts = rollouts.join(stats, on=group).with_columns(
             pl.when(pl.col("_n") > 1)
             .then((pl.col("_sum") - pl.col("score")) / (pl.col("_n") - 1))
             .otherwise(pl.col("score"))
@@ -145,12 +193,13 @@ def advantages(
             pl.lit(1.0).alias("_s"),
         )
     elif mode == "running_baseline":
-        state = baseline if baseline is not None else RunningBaseline()
+        state = baseline if baseline is not None else TenantBaselines()
         known = known_baselines or {}
         rollouts = rollouts.sort("_order", "_rk")
+        keys = zip(rollouts["tenant"].to_list(), rollouts["rollout_id"].to_list(), strict=True)
         b = [
-            known[rid] if rid in known else state.advance(s)
-            for rid, s in zip(rollouts["rollout_id"].to_list(), rollouts["score"].to_list(), strict=True)
+            known[key] if key in known else _state_of(state, key[0]).advance(s)
+            for key, s in zip(keys, rollouts["score"].to_list(), strict=True)
         ]
         rollouts = rollouts.with_columns(pl.Series("_b", b, pl.Float64), pl.lit(1.0).alias("_s"))
     elif mode == "none":

@@ -809,7 +809,9 @@ def decode_reward_event(rec: KafkaRecord) -> dict[str, Any]:
             when = dt.datetime.fromtimestamp(rec.timestamp_ms / 1e3, dt.UTC)
         else:
             when = dt.datetime.now(dt.UTC)
-    tenant = ev.get("tenant") or rec.header(topics.HEADER_TENANT) or topics.DEFAULT_TENANT
+    # The collector's stamp (from the bearer token) decides; a body's own `tenant` only where no
+    # collector stamped the record. The tenant keys every match of the event (pipelines/keys.py).
+    tenant = rec.header(topics.HEADER_TENANT) or ev.get("tenant") or topics.DEFAULT_TENANT
     return {
         "reward_id": ev.get("event_id") or f"{rec.topic}:{rec.partition}:{rec.offset}",
         "source": "event",

@@ -12,15 +12,16 @@ import datetime as dt
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from pipelines.credit import RunningBaseline
+from pipelines import keys
+from pipelines.credit import TenantBaselines
 from pipelines.identity import resolve_rollouts
-from pipelines.lake import Lake, in_list
+from pipelines.lake import Lake
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import assemble, empty_rewards
 from pipelines.transitions import build
@@ -31,6 +32,7 @@ TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
 TRAJ_VERSION = "trajectories.version"  # the `trajectories` version the transitions step last read
 REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
 BASELINE_KEY = "agentlake.running_baseline"
+G = TypeVar("G")
 
 
 @dataclass
@@ -109,35 +111,27 @@ def update_trajectories(
             if txns:
                 res.version = lake.write("trajectories", _empty("trajectories"), txns=txns)
             break
-        traces = sorted(set().union(*(plan.traces.get(r, ()) for r in chunk)))
-        load = pl.col("trace_id").is_in(traces)
+        traces = sorted({(r[0], t) for r in chunk for t in plan.traces.get(r, ())})
+        load = keys.among(traces, "trace_id")
         days = [plan.first_day[t] for t in traces if t in plan.first_day]
         if days and len(days) == len(traces):
             load = (pl.col("day") >= min(days)) & load
-        rows = resolve_rollouts(spans.filter(load).collect(engine="streaming"))
-        rows = rows.filter(pl.col("rollout_id").is_in(chunk))
+        rows = keys.keep(spans.filter(load).collect(engine="streaming"), traces, "trace_id")
+        rows = keys.keep(resolve_rollouts(rows), chunk, "rollout_id")
         events = empty_rewards()
         if rewards is not None and rows.height:
-            chunk_traces = rows["trace_id"].unique().to_list()
-            resp = rows["llm_response_id"].drop_nulls().unique().to_list()
-            events = rewards.filter(
-                (pl.col("source") == "event")
-                & (
-                    pl.col("rollout_id").is_in(chunk)
-                    | pl.col("trace_id").is_in(chunk_traces)
-                    | pl.col("llm_response_id").is_in(resp)
-                )
-            ).collect()
+            events = _events_of(rewards, rows, chunk)
         table = assemble(rows, events, now=now, idle_timeout_s=idle_timeout_s, updated_at=stamp)
         stamp += dt.timedelta(microseconds=1)
-        removed = sorted(set(chunk) - set(table.column("rollout_id").to_pylist()))
+        kept = zip(table.column("tenant").to_pylist(), table.column("rollout_id").to_pylist(), strict=True)
+        removed = sorted(set(chunk) - set(kept))
         res.version = lake.write(
             "trajectories",
             table,
             txns=txns if last else None,
             mode="overwrite",
-            predicate=in_list("rollout_id", chunk),
-            metadata={REMOVED_KEY: json.dumps(removed)} if removed else None,
+            predicate=keys.predicate(chunk, "rollout_id"),
+            metadata={REMOVED_KEY: json.dumps([list(r) for r in removed])} if removed else None,
         )
         if removed:
             res.extra["removed"] = res.extra.get("removed", 0) + len(removed)
@@ -154,25 +148,50 @@ def update_trajectories(
     return res
 
 
+def _events_of(rewards: pl.LazyFrame, rows: pl.DataFrame, chunk: list[keys.Key]) -> pl.DataFrame:
+    """The reward events that may name a rollout of ``chunk`` (by rollout, trace or response id),
+    of the chunk's tenants only; `assemble` matches each within its own tenant."""
+    traces = rows["trace_id"].unique().to_list()
+    resp = rows["llm_response_id"].drop_nulls().unique().to_list()
+    return rewards.filter(
+        (pl.col("source") == "event")
+        & pl.col("tenant").is_in(sorted({t for t, _ in chunk}))
+        & (
+            pl.col("rollout_id").is_in(sorted({r for _, r in chunk}))
+            | pl.col("trace_id").is_in(traces)
+            | pl.col("llm_response_id").is_in(resp)
+        )
+    ).collect()
+
+
 @dataclass
 class _RolloutPlan:
-    """The rollouts to rebuild, the traces each is made of, and a lower bound of each trace's day."""
+    """The rollouts to rebuild, the traces each is made of, and a lower bound of each trace's day.
 
-    rollouts: set[str] = field(default_factory=set)
-    traces: dict[str, set[str]] = field(default_factory=dict)
-    first_day: dict[str, dt.date] = field(default_factory=dict)
+    Rollouts are (tenant, rollout id); a rollout's traces are of its tenant; days are by (tenant, trace id).
+    """
 
-    def add(self, rollout: str, traces: list[str], day: dt.date | None) -> None:
+    rollouts: set[keys.Key] = field(default_factory=set)
+    traces: dict[keys.Key, set[str]] = field(default_factory=dict)
+    first_day: dict[keys.Key, dt.date] = field(default_factory=dict)
+
+    def add(self, rollout: keys.Key, traces: list[str], day: dt.date | None) -> None:
         self.rollouts.add(rollout)
         self.traces.setdefault(rollout, set()).update(traces)
         if day is not None:
             for t in traces:
-                if t not in self.first_day or day < self.first_day[t]:
-                    self.first_day[t] = day
+                k = (rollout[0], t)
+                if k not in self.first_day or day < self.first_day[k]:
+                    self.first_day[k] = day
 
 
-_TOUCHED_COLUMNS = ["trace_id", "rollout_id", "day", "llm_response_id", "service_name"]
+_TOUCHED_COLUMNS = ["tenant", "trace_id", "rollout_id", "day", "llm_response_id", "service_name"]
 _GATEWAY = (pl.col("service_name") == A.GATEWAY_SERVICE_NAME).fill_null(False)
+
+
+def _pairs(df: pl.DataFrame, column: str) -> set[keys.Key]:
+    """The (tenant, ``column``) pairs of ``df`` where ``column`` is set."""
+    return {(t, x) for t, x in df.select("tenant", column).iter_rows() if x}
 
 
 def _plan_rollouts(
@@ -187,77 +206,89 @@ def _plan_rollouts(
 
     Touched traces are those of new spans, of spans named by new reward events, and of calls that
     share a response id with those (a gateway trace and its client's). A rollout is rebuilt when it
-    holds a touched trace, is named by a span of one, was named by a new event or went idle.
+    holds a touched trace, is named by a span of one, was named by a new event or went idle. Every
+    match is within one tenant: an event or span never touches another tenant's rollout.
     """
     plan = _RolloutPlan()
     touched: list[pl.DataFrame] = []
-    named: set[str] = set()
+    named: set[keys.Key] = set()
     if spans_cond is not None:
         touched.append(spans.filter(spans_cond).select(_TOUCHED_COLUMNS).collect())
     if ev_cond is not None and rewards is not None:
-        ev = rewards.filter(ev_cond).select("rollout_id", "trace_id", "llm_response_id").collect()
-        named.update(x for x in ev["rollout_id"].to_list() if x)
-        by_trace = [x for x in ev["trace_id"].to_list() if x]
-        by_resp = [x for x in ev["llm_response_id"].to_list() if x]
+        ev = rewards.filter(ev_cond).select("tenant", "rollout_id", "trace_id", "llm_response_id").collect()
+        named.update(_pairs(ev, "rollout_id"))
+        by_trace, by_resp = _pairs(ev, "trace_id"), _pairs(ev, "llm_response_id")
         if by_trace or by_resp:
-            hit = pl.col("trace_id").is_in(by_trace) | pl.col("llm_response_id").is_in(by_resp)
-            touched.append(spans.filter(hit).select(_TOUCHED_COLUMNS).collect())
+            hit = keys.among(by_trace, "trace_id") | keys.among(by_resp, "llm_response_id")
+            found = spans.filter(hit).select(_TOUCHED_COLUMNS).collect()
+            touched += [keys.keep(found, by_trace, "trace_id"), keys.keep(found, by_resp, "llm_response_id")]
     if touched:
         found = pl.concat(touched)
         calls = found.filter(pl.col("llm_response_id").is_not_null())
-        by_client = calls.filter(~_GATEWAY)["llm_response_id"].unique().to_list()
-        by_gateway = calls.filter(_GATEWAY)["llm_response_id"].unique().to_list()
+        by_client = _pairs(calls.filter(~_GATEWAY), "llm_response_id")
+        by_gateway = _pairs(calls.filter(_GATEWAY), "llm_response_id")
         if by_client or by_gateway:
             # the gateway's record of a client's call (or the other way round), in another trace;
             # both are recorded within moments of each other
             since = found["day"].min() - dt.timedelta(days=1)  # type: ignore[operator]
-            twin = (_GATEWAY & pl.col("llm_response_id").is_in(by_client)) | (
-                ~_GATEWAY & pl.col("llm_response_id").is_in(by_gateway)
+            twin = (_GATEWAY & keys.among(by_client, "llm_response_id")) | (
+                ~_GATEWAY & keys.among(by_gateway, "llm_response_id")
             )
             twins = spans.filter((pl.col("day") >= since) & twin).select(_TOUCHED_COLUMNS).collect()
-            found = pl.concat([found, twins])
-        pairs = found.group_by(pl.coalesce("rollout_id", "trace_id").alias("_r"), "trace_id").agg(pl.col("day").min())
-        for rid, tid, day in pairs.iter_rows():
-            plan.add(rid, [tid], day)
+            found = pl.concat(
+                [
+                    found,
+                    keys.keep(twins.filter(_GATEWAY), by_client, "llm_response_id"),
+                    keys.keep(twins.filter(~_GATEWAY), by_gateway, "llm_response_id"),
+                ]
+            )
+        rollout = pl.coalesce("rollout_id", "trace_id").alias("_r")
+        pairs = found.group_by("tenant", rollout, "trace_id").agg(pl.col("day").min())
+        for tenant, rid, tid, day in pairs.iter_rows():
+            plan.add((tenant, rid), [tid], day)
     if traj is not None:
-        stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff)).select("rollout_id")
-        named.update(stale.collect()["rollout_id"].to_list())
-        touched_traces = sorted(plan.first_day.keys() | {t for ts in plan.traces.values() for t in ts})
-        wanted = sorted(plan.rollouts | named)
+        stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff))
+        named.update(stale.select("tenant", "rollout_id").collect().iter_rows())
+        touched_traces = plan.first_day.keys() | {(r[0], t) for r, ts in plan.traces.items() for t in ts}
+        wanted = plan.rollouts | named
         if wanted or touched_traces:
             # every span already in `spans` was assembled into the trajectory its trace resolved to, and
             # a trajectory's day is its earliest span's: so no older partition holds one of its spans
+            trace_ids = sorted({t for _, t in touched_traces})
+            holds = pl.col("tenant").is_in(sorted({t for t, _ in touched_traces})) & (
+                pl.col("trace_ids").list.eval(pl.element().is_in(trace_ids)).list.any()
+            )
             old = (
-                traj.filter(
-                    pl.col("rollout_id").is_in(wanted)
-                    | pl.col("trace_ids").list.eval(pl.element().is_in(touched_traces)).list.any()
-                )
-                .select("rollout_id", "trace_ids", "day")
+                traj.filter(keys.among(wanted, "rollout_id") | holds)
+                .select("tenant", "rollout_id", "trace_ids", "day")
                 .collect()
             )
-            for rid, tids, day in old.iter_rows():
-                plan.add(rid, tids or [], day)
-    for rid in named - plan.rollouts:
-        plan.add(rid, [], None)  # named by an event but never seen: nothing to load, nothing to lose
+            for tenant, rid, tids, day in old.iter_rows():
+                if (tenant, rid) in wanted or any((tenant, t) in touched_traces for t in tids or ()):
+                    plan.add((tenant, rid), tids or [], day)
+    for rk in named - plan.rollouts:
+        plan.add(rk, [], None)  # named by an event but never seen: nothing to load, nothing to lose
     if touched:
         _link_twins(plan, found)
     return plan
 
 
 def _link_twins(plan: _RolloutPlan, found: pl.DataFrame) -> None:
-    """Every rollout that holds a trace also loads the traces sharing a response id with it."""
-    pairs = found.filter(pl.col("llm_response_id").is_not_null()).select("llm_response_id", "trace_id").unique()
-    linked = pairs.join(pairs, on="llm_response_id").filter(pl.col("trace_id") != pl.col("trace_id_right"))
+    """Every rollout that holds a trace also loads the traces of its tenant sharing a response id with it."""
+    pairs = found.filter(pl.col("llm_response_id").is_not_null()).select("tenant", "llm_response_id", "trace_id")
+    pairs = pairs.unique()
+    linked = pairs.join(pairs, on=["tenant", "llm_response_id"]).filter(pl.col("trace_id") != pl.col("trace_id_right"))
     if linked.is_empty():
         return
-    others: dict[str, set[str]] = {}
-    for a, b in linked.select("trace_id", "trace_id_right").iter_rows():
-        others.setdefault(a, set()).add(b)
-    for rid, traces in plan.traces.items():
-        extra = set().union(*(others.get(t, set()) for t in traces)) - traces
+    others: dict[keys.Key, set[str]] = {}
+    for tenant, a, b in linked.select("tenant", "trace_id", "trace_id_right").iter_rows():
+        others.setdefault((tenant, a), set()).add(b)
+    for rk, traces in plan.traces.items():
+        tenant = rk[0]
+        extra = set().union(*(others.get((tenant, t), set()) for t in traces)) - traces
         if extra:
-            day = min((plan.first_day[t] for t in traces if t in plan.first_day), default=None)
-            plan.add(rid, sorted(extra), day)
+            days = (plan.first_day[(tenant, t)] for t in traces if (tenant, t) in plan.first_day)
+            plan.add(rk, sorted(extra), min(days, default=None))
 
 
 def _next_stamp(traj: pl.LazyFrame | None, now: dt.datetime) -> dt.datetime:
@@ -284,7 +315,7 @@ def update_transitions(
     now: dt.datetime | None = None,
     chunk_rollouts: int = 10_000,
 ) -> StepResult:
-    """Recompute the transitions of every group (task) with a changed trajectory.
+    """Recompute the transitions of every group (a task of one tenant) with a changed trajectory.
 
     Groups are taken in chunks of about ``chunk_rollouts`` changed trajectories, one commit each,
     so memory follows the chunk, not the backlog; the watermark goes in with the last chunk, and a
@@ -300,36 +331,40 @@ def update_transitions(
     changed = traj
     if mark is not None:
         changed = traj.filter(pl.col("updated_at") > dt.datetime.fromtimestamp(mark / 1e6, dt.UTC))
-    keys = changed.select(
-        pl.coalesce("task_id", "rollout_id").alias("group_id"), "rollout_id", pl.col("updated_at").dt.epoch("us")
-    ).collect()
+    group = pl.coalesce("task_id", "rollout_id").alias("group_id")
+    touched = changed.select("tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us")).collect()
     # Rollouts the trajectories step removed (their trace joined another rollout), and the groups
     # changed rollouts were filed under before (a task id that arrived late): their old rows must go.
     seen_version = lake.txn("transitions", TRAJ_VERSION)
-    removed = _removed_rollouts(traj_table, seen_version)
-    sizes = keys.group_by("group_id").len()
+    removed, removed_any_tenant = _removed_rollouts(traj_table, seen_version)
+    sizes = touched.group_by(keys.GROUP).len()
     previous = lake.scan("transitions")
-    if previous is not None and (removed or keys.height):
-        lookup = sorted(set(keys["rollout_id"].to_list()) | removed)
-        old = previous.filter(pl.col("rollout_id").is_in(lookup)).select("group_id").unique().collect()
-        extra = old.join(sizes, on="group_id", how="anti").with_columns(pl.lit(1, pl.UInt32).alias("len"))
-        sizes = pl.concat([sizes, extra])
+    if previous is not None and (removed or removed_any_tenant or touched.height):
+        lookup = _pairs(touched, "rollout_id") | removed
+        ids = sorted({r for _, r in lookup} | removed_any_tenant)
+        old = previous.filter(pl.col("rollout_id").is_in(ids)).select(*keys.ROLLOUT, "group_id").unique().collect()
+        old = pl.concat(
+            [keys.keep(old, lookup, "rollout_id"), old.filter(pl.col("rollout_id").is_in(sorted(removed_any_tenant)))]
+        )
+        extra = old.select(keys.GROUP).unique().join(sizes, on=keys.GROUP, how="anti")
+        sizes = pl.concat([sizes, extra.with_columns(pl.lit(1, pl.UInt32).alias("len"))])
     if sizes.is_empty():
         return res
-    sizes = sizes.sort("group_id")
-    new_mark = int(keys["updated_at"].max()) if keys.height else mark  # type: ignore[arg-type]
+    sizes = sizes.sort(keys.GROUP)
+    new_mark = int(touched["updated_at"].max()) if touched.height else mark  # type: ignore[arg-type]
     marks = {TRAJ_VERSION: traj_table.version()}
     if new_mark is not None:
         marks[TRAJ_FROM_TRANSITIONS] = new_mark
-    chunks = _group_chunks(sizes["group_id"].to_list(), sizes["len"].to_list(), chunk_rollouts)
+    chunks = _group_chunks(list(sizes.select(keys.GROUP).iter_rows()), sizes["len"].to_list(), chunk_rollouts)
     baseline = None
     if credit.advantage == "running_baseline":
-        baseline = RunningBaseline.from_json(_saved_baseline(lake))
+        baseline = TenantBaselines.from_json(_saved_baseline(lake))
     dropped: dict[str, int] = {}
     mismatches = 0
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
-        rows = traj.filter(pl.coalesce("task_id", "rollout_id").is_in(groups)).collect(engine="streaming")
+        rows = traj.filter(pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups]))
+        rows = keys.keep(rows.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
         known = _known_baselines(previous, groups) if baseline is not None else None
         out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline, known_baselines=known)
         baseline = out.baseline
@@ -341,7 +376,7 @@ def update_transitions(
             out.table,
             txns=marks if last else None,
             mode="overwrite",
-            predicate=in_list("group_id", groups),
+            predicate=keys.predicate(groups, "group_id"),
             metadata={BASELINE_KEY: baseline.to_json()} if last and baseline is not None else None,
         )
         res.rows += out.table.num_rows
@@ -364,31 +399,41 @@ def update_transitions(
     return res
 
 
-def _known_baselines(previous: pl.LazyFrame | None, groups: list[str]) -> dict[str, float]:
-    """The running baseline each rollout of ``groups`` was already compared with (it advanced then)."""
+def _known_baselines(previous: pl.LazyFrame | None, groups: list[keys.Key]) -> dict[keys.Key, float]:
+    """The running baseline each rollout of ``groups`` was already compared with (it advanced then),
+    by (tenant, rollout id)."""
     if previous is None:
         return {}
     seen = (
-        previous.filter(pl.col("group_id").is_in(groups) & pl.col("baseline").is_not_null())
-        .select("rollout_id", "baseline")
-        .unique("rollout_id", keep="first")
+        previous.filter(keys.among(groups, "group_id") & pl.col("baseline").is_not_null())
+        .select(*keys.GROUP, "rollout_id", "baseline")
         .collect()
     )
-    return dict(zip(seen["rollout_id"].to_list(), seen["baseline"].to_list(), strict=True))
+    seen = keys.keep(seen, groups, "group_id").unique(keys.ROLLOUT, keep="first")
+    return {(t, r): b for t, r, b in seen.select(*keys.ROLLOUT, "baseline").iter_rows()}
 
 
-def _removed_rollouts(traj: DeltaTable, after: int | None) -> set[str]:
-    """Rollouts removed by `trajectories` commits newer than version ``after`` (all when None)."""
+def _removed_rollouts(traj: DeltaTable, after: int | None) -> tuple[set[keys.Key], set[str]]:
+    """Rollouts removed by `trajectories` commits newer than version ``after`` (all when None).
+
+    (tenant, rollout id) pairs, and the bare ids that commits from before tenants were keys
+    recorded (those may be of any tenant: every tenant's rollout of that id is taken as removed).
+    """
     newer = traj.version() - (-1 if after is None else after)
     if newer <= 0:
-        return set()
-    out: set[str] = set()
+        return set(), set()
+    out: set[keys.Key] = set()
+    bare: set[str] = set()
     for commit in traj.history(newer):
         if after is not None and commit.get("version", after + 1) <= after:
             continue
         if REMOVED_KEY in (commit or {}):
-            out.update(json.loads(commit[REMOVED_KEY]))
-    return out
+            for item in json.loads(commit[REMOVED_KEY]):
+                if isinstance(item, str):
+                    bare.add(item)
+                else:
+                    out.add((item[0], item[1]))
+    return out, bare
 
 
 def _saved_baseline(lake: Lake) -> str | None:
@@ -410,10 +455,10 @@ def _saved_baseline(lake: Lake) -> str | None:
     return next((c[BASELINE_KEY] for c in newest_first() if BASELINE_KEY in (c or {})), None)
 
 
-def _group_chunks(groups: list[str], sizes: list[int], limit: int) -> list[list[str]]:
+def _group_chunks(groups: list[G], sizes: list[int], limit: int) -> list[list[G]]:
     """Consecutive groups in chunks of at most ``limit`` rows (a bigger group is a chunk of its own)."""
-    chunks: list[list[str]] = []
-    current: list[str] = []
+    chunks: list[list[G]] = []
+    current: list[G] = []
     total = 0
     for group, size in zip(groups, sizes, strict=True):
         if current and total + size > limit:

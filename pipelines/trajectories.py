@@ -5,7 +5,8 @@ function of *all* spans of the affected rollouts, recomputed whenever one of the
 the span tree is checked (orphans hang from a virtual root, children outside their parent's
 time window are re-attached there too, both counted), LLM calls are deduplicated by response id
 (the gateway and the agent may both report a call) and ordered, completion is decided, and
-rewards from spans and from late events are attached.
+rewards from spans and from late events are attached. Every key starts with the tenant
+(`pipelines/keys.py`): spans, calls and rewards of one tenant never join another's rollout.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import datetime as dt
 import polars as pl
 import pyarrow as pa
 
+from pipelines import keys
 from schemas import attributes as A
 from schemas.tables import REWARDS, TRAJECTORIES
 
 TERMINAL = ("finished", "failed", "timed_out")
-_KEYS = ["rollout_id", "attempt_id"]
+_KEYS = keys.ATTEMPT
+_SPAN = [*keys.TRACE, "span_id"]
 
 
 def _fill_attempts(spans: pl.DataFrame) -> pl.DataFrame:
     """Spans without an attempt id inherit the attempt of their trace (e.g. gateway spans)."""
-    return spans.with_columns(pl.col("attempt_id").fill_null(pl.col("attempt_id").drop_nulls().max().over("trace_id")))
+    return spans.with_columns(pl.col("attempt_id").fill_null(pl.col("attempt_id").drop_nulls().max().over(keys.TRACE)))
 
 
 def _is_root() -> pl.Expr:
@@ -44,16 +47,25 @@ def _is_root() -> pl.Expr:
 
 
 def resolve_rewards(events: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
-    """Give reward events their rollout: named directly, else by trace id, else by LLM response id."""
+    """Give reward events their rollout: named directly, else by trace id, else by LLM response id.
+
+    Each is looked up within the event's tenant only: another tenant's trace or call with the same
+    id is never a match.
+    """
     if events.is_empty():
         return events
-    by_trace = spans.select("trace_id", pl.col("rollout_id").alias("_r_trace")).unique("trace_id", keep="first")
+    by_trace = spans.select(*keys.TRACE, pl.col("rollout_id").alias("_r_trace")).unique(keys.TRACE, keep="first")
     by_resp = (
         spans.filter(pl.col("llm_response_id").is_not_null())
-        .select("llm_response_id", pl.col("rollout_id").alias("_r_resp"), pl.col("attempt_id").alias("_a_resp"))
-        .unique("llm_response_id", keep="first")
+        .select(
+            "tenant",
+            "llm_response_id",
+            pl.col("rollout_id").alias("_r_resp"),
+            pl.col("attempt_id").alias("_a_resp"),
+        )
+        .unique(["tenant", "llm_response_id"], keep="first")
     )
-    out = events.join(by_trace, on="trace_id", how="left").join(by_resp, on="llm_response_id", how="left")
+    out = events.join(by_trace, on=keys.TRACE, how="left").join(by_resp, on=["tenant", "llm_response_id"], how="left")
     return out.with_columns(
         pl.coalesce("rollout_id", "_r_trace", "_r_resp").alias("rollout_id"),
         pl.coalesce("attempt_id", "_a_resp").alias("attempt_id"),
@@ -75,18 +87,18 @@ def assemble(
     """
     if spans.is_empty():
         return TRAJECTORIES.empty_table()
-    spans = spans.unique(["trace_id", "span_id"], keep="last", maintain_order=True)
+    spans = spans.unique(_SPAN, keep="last", maintain_order=True)
     spans = _fill_attempts(spans)
 
     # --- the tree: orphans and children outside their parent's window go to the virtual root
     parents = spans.select(
-        "trace_id",
+        *keys.TRACE,
         pl.col("span_id").alias("parent_span_id"),
         pl.col("start_time").alias("_p_start"),
         pl.col("end_time").alias("_p_end"),
         pl.lit(True).alias("_p_found"),
     )
-    spans = spans.join(parents, on=["trace_id", "parent_span_id"], how="left")
+    spans = spans.join(parents, on=[*keys.TRACE, "parent_span_id"], how="left")
     repaired = pl.col("parent_span_id").is_not_null() & (
         pl.col("_p_found").is_null()
         | (pl.col("start_time") < pl.col("_p_start"))
@@ -108,8 +120,8 @@ def assemble(
     if reward_events is not None and not reward_events.is_empty():
         ev = resolve_rewards(reward_events, spans).filter(pl.col("rollout_id").is_not_null())
         attempts = spans.select(_KEYS).unique()
-        # An event that names no attempt scores every attempt of its rollout.
-        ev_any = ev.filter(pl.col("attempt_id").is_null()).drop("attempt_id").join(attempts, on="rollout_id")
+        # An event that names no attempt scores every attempt of its rollout (in its own tenant).
+        ev_any = ev.filter(pl.col("attempt_id").is_null()).drop("attempt_id").join(attempts, on=keys.ROLLOUT)
         ev = pl.concat([ev.filter(pl.col("attempt_id").is_not_null()), ev_any.select(ev.columns)])
         ev = ev.select(
             *_KEYS,
@@ -140,11 +152,11 @@ def assemble(
     # same request (exact token ids). Keep the child, the record closest to the model.
     exact_children = (
         calls.filter(pl.col("completion_token_ids").is_not_null() & pl.col("parent_span_id").is_not_null())
-        .select("trace_id", pl.col("parent_span_id").alias("span_id"), pl.lit(True).alias("_has_exact_child"))
-        .unique(["trace_id", "span_id"])
+        .select(*keys.TRACE, pl.col("parent_span_id").alias("span_id"), pl.lit(True).alias("_has_exact_child"))
+        .unique(_SPAN)
     )
     calls = (
-        calls.join(exact_children, on=["trace_id", "span_id"], how="left")
+        calls.join(exact_children, on=_SPAN, how="left")
         .filter(~pl.col("_has_exact_child").fill_null(False))
         .drop("_has_exact_child")
     )
@@ -187,7 +199,6 @@ def assemble(
         spans.sort("start_time")
         .group_by(_KEYS)
         .agg(
-            pl.col("tenant").first(),
             pl.col("task_id").drop_nulls().first(),
             pl.col("trace_id").unique(maintain_order=True).alias("trace_ids"),
             pl.col("agent_name").drop_nulls().unique(maintain_order=True).alias("agents"),

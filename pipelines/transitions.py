@@ -2,6 +2,8 @@
 
 Pure: a Polars frame of `trajectories` rows in, an Arrow table of `transitions` rows out, plus a
 count of every row left out and why (the trainer must be able to tell "no data" from "all dropped").
+A rollout is (tenant, rollout id) and a group (tenant, task): two tenants' rollouts never share
+an attempt choice, a GRPO group, a baseline or a transition id.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from pipelines import keys
 from pipelines.credit import (
     AdvantageMode,
     CreditMode,
     RunningBaseline,
+    TenantBaselines,
     advantages,
     assign_credit,
     match_first_occurrence,
@@ -37,13 +41,13 @@ class TransitionsResult:
     dropped: Counter[str] = field(default_factory=Counter)
     merge_mismatches: int = 0
     rollouts: int = 0
-    baseline: RunningBaseline | None = None
+    baseline: RunningBaseline | TenantBaselines | None = None
 
 
 def latest_terminal_attempts(traj: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     """Keep, per rollout, the latest attempt that ended (retries supersede earlier attempts)."""
     done = traj.filter(pl.col("status").is_in(TERMINAL))
-    kept = done.sort("end_time", "updated_at", nulls_last=False).unique("rollout_id", keep="last")
+    kept = done.sort("end_time", "updated_at", nulls_last=False).unique(keys.ROLLOUT, keep="last")
     return kept, done.height - kept.height
 
 
@@ -96,8 +100,8 @@ def build(
     *,
     now: dt.datetime,
     retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
-    baseline: RunningBaseline | None = None,
-    known_baselines: dict[str, float] | None = None,
+    baseline: RunningBaseline | TenantBaselines | None = None,
+    known_baselines: dict[tuple[str, str], float] | None = None,
 ) -> TransitionsResult:
     """`trajectories` rows (all rollouts of the affected groups) to `transitions` rows."""
     mode: CreditMode = credit.mode
@@ -114,7 +118,8 @@ def build(
         return res
 
     kept = kept.with_columns(
-        pl.concat_str([pl.col("rollout_id"), pl.col("attempt_id").fill_null("")], separator="/").alias("_rk"),
+        # the rollout attempt as one string (the unit steps, merging and advantages are computed over)
+        keys.attempt_key().alias("_rk"),
         pl.coalesce("task_id", "rollout_id").alias("group_id"),
         pl.col("agents").list.first().alias("_agent0"),
     )
@@ -219,7 +224,7 @@ def build(
     )
     calls = assign_credit(calls, mode, credit.gamma)
     if adv_mode == "running_baseline" and res.baseline is None:
-        res.baseline = RunningBaseline()
+        res.baseline = TenantBaselines()
     calls = advantages(
         calls,
         adv_mode,
@@ -230,15 +235,12 @@ def build(
     )
     res.rollouts = calls["_rk"].n_unique()
     out = calls.with_columns(
-        pl.concat_str(
-            [pl.col("rollout_id"), pl.col("attempt_id").fill_null(""), pl.col("_call_step").cast(pl.String)],
-            separator="/",
-        ).alias("transition_id"),
+        keys.transition_id(("tenant", "rollout_id", "attempt_id", "_call_step")).alias("transition_id"),
         pl.col("_call_step").alias("step"),
         pl.lit(mode).alias("credit_mode"),
         pl.lit(adv_mode).alias("advantage_mode"),
         pl.lit(now).dt.cast_time_unit("us").dt.replace_time_zone("UTC").alias("created_at"),
-    ).sort("rollout_id", "attempt_id", "step")
+    ).sort("tenant", "rollout_id", "attempt_id", "step")
     return TransitionsResult(
         table=out.select(TRANSITIONS.names).to_arrow().cast(TRANSITIONS),
         dropped=res.dropped,

@@ -410,6 +410,8 @@ class TrainerSettings(_Section):
     seed: int = 0
     min_new_transitions: int = Field(64, ge=1)
     schedule: str = "0 * * * *"
+    # The tenants whose transitions this policy trains on (collector.auth_tokens names them); empty: all.
+    tenants: list[str] = Field(default_factory=list)
 
 
 class CreditSettings(_Section):

@@ -6,6 +6,9 @@ untouched rows into new files) change files, not identities. The table is read a
 version; a normal round takes the rows whose id is not in ``exclude_ids`` (the ids already trained
 on, from ``trainer.lineage``), and an explicit ``version_start`` takes the ids that are in the
 snapshot at ``version_end`` but not in the one at ``version_start``. One row per id is kept.
+A policy trains on the tenants its settings name (``tenants``; none named: every tenant), and a
+transition id names its tenant (``pipelines/keys.py``), so one tenant's rows never stand in for,
+or shadow, another's.
 
 Batches are target-aligned: position ``t`` of every ``(B, T-1)`` tensor is about predicting
 ``input_ids[:, t+1]`` from the logits at ``t``. Only response tokens with ``loss_mask == 1``
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 COLUMNS = (
     "transition_id",
     "rollout_id",
+    "tenant",
     "agent_name",
     "policy_version",
     "prompt_ids",
@@ -47,7 +51,7 @@ COLUMNS = (
     "return",
     "advantage",
 )
-KEY_COLUMNS = ("transition_id", "agent_name", "policy_version")  # enough to decide what is pending
+KEY_COLUMNS = ("transition_id", "tenant", "agent_name", "policy_version")  # enough to decide what is pending
 
 
 @dataclass
@@ -77,7 +81,10 @@ def _filter_keys(
     agent: str | None,
     policy_versions: Sequence[str] | None,
     exclude_ids: pa.Array | pa.ChunkedArray | None,
+    tenants: Sequence[str] | None = None,
 ) -> pa.Table:
+    if tenants and keys.num_rows:
+        keys = keys.filter(pc.is_in(keys["tenant"], pa.array(list(tenants), pa.string())))
     if agent is not None and keys.num_rows:
         names = [n for n in pc.unique(keys["agent_name"]).to_pylist() if n is not None]
         keep = [n for n in names if fnmatch.fnmatchcase(n, agent)]
@@ -111,13 +118,15 @@ def read_transitions(
     exclude_ids: pa.Array | pa.ChunkedArray | None = None,
     storage_options: dict[str, str] | None = None,
     ids_only: bool = False,
+    tenants: Sequence[str] | None = None,
 ) -> TransitionData:
     """The transitions at version ``version_end`` (default: the newest) that a round would train on.
 
-    Rows are kept when their agent matches the ``agent`` glob, their policy version is in
-    ``policy_versions``, their id is not in ``exclude_ids`` and, with ``version_start``, their id
-    is absent from the snapshot at ``version_start``. ``ids_only`` returns just ``transition_id``
-    (the sensor's count, without reading token columns).
+    Rows are kept when their tenant is in ``tenants`` (empty or None: any tenant), their agent
+    matches the ``agent`` glob, their policy version is in ``policy_versions``, their id is not in
+    ``exclude_ids`` and, with ``version_start``, their id is absent from the snapshot at
+    ``version_start``. ``ids_only`` returns just ``transition_id`` (the sensor's count, without
+    reading token columns).
     """
     uri = table_uri(lake_root, table)
     opts = storage_options or None
@@ -132,6 +141,7 @@ def read_transitions(
         agent=agent,
         policy_versions=policy_versions,
         exclude_ids=exclude_ids,
+        tenants=tenants,
     )
     if start_version >= 0 and keys.num_rows:
         before = DeltaTable(uri, version=start_version, storage_options=opts).to_pyarrow_dataset()
@@ -142,7 +152,7 @@ def read_transitions(
         rows = pa.table({"transition_id": wanted.sort()})
     else:
         rows = dataset.to_table(columns=list(COLUMNS), filter=pds.field("transition_id").isin(wanted))
-        rows = _filter_keys(rows, agent=agent, policy_versions=policy_versions, exclude_ids=None)
+        rows = _filter_keys(rows, agent=agent, policy_versions=policy_versions, exclude_ids=None, tenants=tenants)
         rows = _one_per_id(rows).sort_by("transition_id")  # file order is not stable; the seed should be enough
     return TransitionData(rows=rows, table_uri=uri, version_start=start_version, version_end=end.version())
 

@@ -82,6 +82,7 @@ def read_pending(
         version_end=end,
         agent=cfg.agent,
         policy_versions=cfg.policy_versions,
+        tenants=cfg.tenants,
         exclude_ids=exclude,
         storage_options=cfg.storage_options,
         ids_only=ids_only,
@@ -95,9 +96,8 @@ def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
     if cfg.version_start is not None or last is None or last["train_version_end"] != end:
         return False
     before = json.loads(last["config"] or "{}")
-    return before.get("version_start") is None and all(
-        before.get(k) == getattr(cfg, k) for k in ("agent", "policy_versions")
-    )
+    filters: dict[str, Any] = {"agent": None, "policy_versions": None, "tenants": []}  # absent: the default
+    return before.get("version_start") is None and all(before.get(k, d) == getattr(cfg, k) for k, d in filters.items())
 
 
 def count_pending(cfg: TrainConfig) -> tuple[int, int | None]:
