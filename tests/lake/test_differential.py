@@ -13,7 +13,9 @@ storage engine the shipped Tansu has; without ``weed`` (or with ``KAFKA_BOOTSTRA
 the test runs on an in-memory broker and skips the restart, saying so in a warning.
 
 Examples are derandomized (the same ones every run) and not shrunk; a failure prints the workload
-(rollouts, export batches, schedule) and the first differing rows of every comparison.
+(rollouts, export batches, schedule) and the first differing rows of every comparison. Each workload
+has a second tenant that reuses the first one's ids (``workload.workloads``); the reference keys
+every row by tenant.
 ``LAKE_TEST_EXAMPLES=N`` runs N examples instead of 8.
 """
 
@@ -51,6 +53,7 @@ from tests.lake.workload import (
     run_assets,
     run_maintenance,
     table_rows,
+    token_of,
     trajectory_view,
     weed_binary,
     workloads,
@@ -102,11 +105,11 @@ def deliver(w: Workload, broker: Any, settings_: Any, log_dir: Path, problems: l
             print(f"{time.monotonic() - t0:7.2f}s collectors up")
             for step in w.schedule:
                 if isinstance(step, Send):
-                    client.traces(ports[step.collector], w.request_body(step.request))
+                    client.traces(ports[step.collector], w.request_body(step.request), w.request_token(step.request))
                     counts["resends" if step.resend else "requests"] += 1
                 elif isinstance(step, PostReward):
                     r = w.rollouts[step.rollout]
-                    client.reward(ports[step.collector], r.late[step.reward].body(r))
+                    client.reward(ports[step.collector], r.late[step.reward].body(r), token_of(r.tenant))
                     counts["rewards"] += 1
                 elif isinstance(step, Run):
                     run_assets(settings_, step.assets, problems)
@@ -150,9 +153,10 @@ def test_incremental_lake_equals_rebuild_and_reference(
     print(f"{time.monotonic() - t0:7.2f}s final run and replay done")
 
     lake = Path(s.lake.root)
-    traj = table_rows(str(lake / "trajectories"), ["rollout_id", "attempt_id"], drop=["updated_at"])
+    key = ["tenant", "rollout_id", "attempt_id"]  # every key starts with the tenant
+    traj = table_rows(str(lake / "trajectories"), key, drop=["updated_at"])
     trans = table_rows(str(lake / "transitions"), ["transition_id"], drop=["created_at"])
-    traj_replayed = table_rows(str(fresh / "trajectories"), ["rollout_id", "attempt_id"], drop=["updated_at"])
+    traj_replayed = table_rows(str(fresh / "trajectories"), key, drop=["updated_at"])
     trans_replayed = table_rows(str(fresh / "transitions"), ["transition_id"], drop=["created_at"])
 
     # (a) incremental == one rebuild from scratch

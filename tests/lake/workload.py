@@ -10,6 +10,9 @@ Three parts, kept apart on purpose:
   order the OTel ``BatchSpanProcessor`` sends them (spans as they end, so children before their
   root), requests of several traces mixed, resent requests (client retries), late rewards, asset
   runs in random increments, the maintenance job and a broker restart, all interleaved.
+  A second tenant (its own bearer token) runs rollouts that reuse the first tenant's ids: rollout
+  ids (so response ids and late-reward event ids too), attempt ids, task ids, and for some the very
+  trace id and span ids; nothing of one tenant may merge with, match or re-score the other's.
   Spans are made by the real OTel SDK (seeded ids) and encoded as the OTLP exporter encodes them.
 * **The reference**: the `trajectories` and `transitions` rows the lake must hold, computed from
   the generated ground truth alone. It imports nothing from ``pipelines``; its rules are the design's
@@ -53,10 +56,18 @@ from schemas import attributes as A
 MS = 1_000_000  # ns
 S = 1_000 * MS
 BASE_NS = int(dt.datetime(2025, 6, 15, 12, 0, tzinfo=dt.UTC).timestamp()) * S
-TENANT = "default"
+TENANT = "default"  # the first tenant's: its rows are exactly what they were before tenants were keys
+TENANT_B = "team-b"  # the second tenant, which reuses the first one's ids
+TOKENS = {"token-default": TENANT, "token-b": TENANT_B}  # collector.auth_tokens: bearer token -> tenant
 MODEL = "agentlake-policy"
 AGENTS = ("planner", "solver", "critic")
 STD_EPS = 1e-6  # GRPO: (R - mean) / (std + eps), DESIGN.md "Credit assignment"
+
+
+def token_of(tenant: str) -> str:
+    """The bearer token a tenant's agents send (``TOKENS``)."""
+    return next(token for token, t in TOKENS.items() if t == tenant)
+
 
 # --- a word-level tokenizer with a chat template, for calls that recorded messages only -----------
 CONTENT_WORDS = ("what", "is", "two", "plus", "three", "four", "the", "sum", "answer", "calc", "ok", "no")
@@ -172,6 +183,8 @@ class RolloutSpec:
     calls: list[CallSpec]
     rewards: list[RewardSpanSpec]
     late: list[LateReward]
+    tenant: str = TENANT
+    twin_of: int | None = None  # a rollout of the other tenant whose trace and span ids this one reuses
     # set when the spans are made
     trace_id: str = ""
     start_ns: int = 0
@@ -184,8 +197,10 @@ class RolloutSpec:
         rewards = ",".join(f"{r.name or 'primary'}={r.value}@{r.after_call}" for r in self.rewards)
         late = ",".join(f"{x.by}={x.value}" for x in self.late)
         cuts = "+".join(str(len(c)) for c in self.chunks)
+        twin = "" if self.twin_of is None else f", ids of #{self.twin_of}"
         return (
-            f"{self.rollout_id}(task={self.task_id}, attempt={self.attempt_id}, ids_on={self.ids_on}, "
+            f"{self.tenant}:{self.rollout_id}(task={self.task_id}, attempt={self.attempt_id}{twin}, "
+            f"ids_on={self.ids_on}, "
             f"failed={self.failed}, calls=[{kinds}], rewards=[{rewards}], late=[{late}], batches={cuts})"
         )
 
@@ -249,13 +264,19 @@ class Workload:
         spans = [s for r, c in self.requests[i] for s in self.rollouts[r].chunks[c]]
         return encode_spans(spans).SerializeToString()
 
+    def request_token(self, i: int) -> str:
+        """The bearer token the request is sent with: its tenant's (a request holds one tenant's spans)."""
+        return token_of(self.rollouts[self.requests[i][0][0]].tenant)
+
     def __repr__(self) -> str:
         def step(s: Step) -> str:
             if isinstance(s, Send):
-                parts = " ".join(f"{self.rollouts[r].rollout_id}#{c}" for r, c in self.requests[s.request])
+                parts = " ".join(
+                    f"{self.rollouts[r].tenant}:{self.rollouts[r].rollout_id}#{c}" for r, c in self.requests[s.request]
+                )
                 return f"{'re' if s.resend else ''}send[{parts}]->c{s.collector}"
             if isinstance(s, PostReward):
-                rid = self.rollouts[s.rollout].rollout_id
+                rid = f"{self.rollouts[s.rollout].tenant}:{self.rollouts[s.rollout].rollout_id}"
                 return f"{'re' if s.resend else ''}reward[{rid}.{s.reward}]->c{s.collector}"
             if isinstance(s, Run):
                 return "run(" + "+".join(s.assets) + ")"
@@ -425,8 +446,20 @@ def workloads(
     tasks = [f"task-{i}" for i in range(draw(st.integers(1, 3)))]
     n = draw(st.integers(min_rollouts, max_rollouts))
     rollouts = [draw(rollout_specs(i, tasks, messages)) for i in range(n)]
-    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    # The second tenant: each of its rollouts takes the rollout id (so the response and event ids) of
+    # a distinct rollout of the first, maybe its attempt id, a task of the same set, and maybe its
+    # very trace and span ids (a twin: its ids drawn from the same seed).
+    for src in draw(st.lists(st.integers(0, n - 1), unique=True, min_size=1, max_size=min(3, n))):
+        b = draw(rollout_specs(len(rollouts), tasks, messages))
+        b.tenant, b.rollout_id = TENANT_B, rollouts[src].rollout_id
+        if draw(st.booleans()):
+            b.attempt_id = rollouts[src].attempt_id
+        if draw(st.booleans()):
+            b.twin_of = src
+        rollouts.append(b)
+    seed = draw(st.integers(0, 2**32 - 1))
     for r in rollouts:
+        rng = random.Random(seed + (r.index if r.twin_of is None else r.twin_of))
         make_spans(r, rng, BASE_NS + r.index * 2 * S)
         # export batches: the spans in the order they ended (children before the root), cut anywhere
         cuts = sorted(draw(st.sets(st.integers(1, len(r.spans) - 1), max_size=3))) if len(r.spans) > 1 else []
@@ -434,7 +467,8 @@ def workloads(
         r.chunks = [r.spans[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
     # The batches of all rollouts interleaved (each rollout's in order, as one exporter sends them),
-    # then neighbouring batches of different traces put into one request, as a shared exporter does.
+    # then neighbouring batches of different traces of one tenant put into one request, as a shared
+    # exporter does (an exporter sends with one token).
     queues = {r.index: list(range(len(r.chunks))) for r in rollouts}
     order: list[tuple[int, int]] = []
     while queues:
@@ -444,7 +478,8 @@ def workloads(
             del queues[i]
     requests: list[list[tuple[int, int]]] = []
     for part in order:
-        if requests and part[0] not in {r for r, _ in requests[-1]} and draw(st.integers(0, 3)) == 0:
+        same_tenant = requests and rollouts[requests[-1][0][0]].tenant == rollouts[part[0]].tenant
+        if same_tenant and part[0] not in {r for r, _ in requests[-1]} and draw(st.integers(0, 3)) == 0:
             requests[-1].append(part)
         else:
             requests.append([part])
@@ -493,8 +528,10 @@ def workloads(
 
 # --- the reference ----------------------------------------------------------------------------------------
 # Rules (DESIGN.md "Identity of a rollout", "Credit assignment"; issue 14):
-# * one `trajectories` row per (rollout id, attempt id); every span of the trace belongs to it, whichever
-#   span carries the id and in whatever order and batches the spans arrived (duplicates count once);
+# * every key starts with the tenant (the bearer token's): two tenants' rollouts are never one, whatever
+#   ids they share (rollout, attempt, trace, span, response, event or task ids);
+# * one `trajectories` row per (tenant, rollout id, attempt id); every span of the trace belongs to it,
+#   whichever span carries the id and in whatever order and batches the spans arrived (duplicates count once);
 # * status: `failed` when the root span has status ERROR, else `finished` (every rollout has its root);
 # * rewards: the reward spans (id = span id, time = span start) and the late events (id = event id,
 #   time = the event's timestamp, name `primary`), one entry per id, ordered by time then id;
@@ -503,7 +540,8 @@ def workloads(
 # * transitions (credit `identical`, advantage `grpo`, the defaults): one row per LLM call of an ended
 #   rollout with a final reward; reward = return = R; token ids exact where recorded, else the policy's
 #   chat template (`retokenized`, no logprobs); advantage = (R - mean) / (sample std + 1e-6) over the
-#   rollouts of the group (the task, else the rollout itself), 0 in a group of one.
+#   rollouts of the group (the tenant's task, else the rollout itself), 0 in a group of one;
+# * transition id: `rollout/attempt/step` for the default tenant, `rollout/attempt/step@tenant` for another.
 
 
 def ts(ns: int) -> dt.datetime:
@@ -571,10 +609,10 @@ def call_tokens(c: CallSpec) -> tuple[list[int], list[int], list[float] | None, 
 def reference_trajectories(rollouts: Sequence[RolloutSpec]) -> dict[Any, dict[str, Any]]:
     out: dict[Any, dict[str, Any]] = {}
     for r in rollouts:
-        out[(r.rollout_id, r.attempt_id)] = {
+        out[(r.tenant, r.rollout_id, r.attempt_id)] = {
             "rollout_id": r.rollout_id,
             "attempt_id": r.attempt_id,
-            "tenant": TENANT,
+            "tenant": r.tenant,
             "task_id": r.task_id,
             "trace_ids": [r.trace_id],
             "status": "failed" if r.failed else "finished",
@@ -612,24 +650,24 @@ def reference_trajectories(rollouts: Sequence[RolloutSpec]) -> dict[Any, dict[st
 
 def reference_transitions(rollouts: Sequence[RolloutSpec]) -> dict[Any, dict[str, Any]]:
     trained = [r for r in rollouts if final_reward(r) is not None and r.calls]
-    groups: dict[str, list[float]] = {}
+    groups: dict[tuple[str, str], list[float]] = {}
     for r in trained:
-        groups.setdefault(r.task_id or r.rollout_id, []).append(final_reward(r))  # type: ignore[arg-type]
+        groups.setdefault((r.tenant, r.task_id or r.rollout_id), []).append(final_reward(r))  # type: ignore[arg-type]
     out: dict[Any, dict[str, Any]] = {}
     for r in trained:
         R = final_reward(r)
         assert R is not None
         group = r.task_id or r.rollout_id
-        scores = groups[group]
+        scores = groups[(r.tenant, group)]
         adv = (R - statistics.fmean(scores)) / (statistics.stdev(scores) + STD_EPS) if len(scores) > 1 else 0.0
         for i, c in enumerate(r.calls):
             prompt, response, logprobs, source = call_tokens(c)
-            tid = f"{r.rollout_id}/{r.attempt_id or ''}/{i}"
+            tid = f"{r.rollout_id}/{r.attempt_id or ''}/{i}" + ("" if r.tenant == TENANT else f"@{r.tenant}")
             out[tid] = {
                 "transition_id": tid,
                 "rollout_id": r.rollout_id,
                 "attempt_id": r.attempt_id,
-                "tenant": TENANT,
+                "tenant": r.tenant,
                 "task_id": r.task_id,
                 "group_id": group,
                 "step": i,
@@ -811,6 +849,7 @@ def collectors(settings: Any, n: int = 2, *, log_dir: Path | None = None) -> Ite
             env = {
                 **{k: v for k, v in os.environ.items() if not k.startswith("AGENTLAKE_")},
                 **settings_env(settings),
+                "AGENTLAKE_COLLECTOR__AUTH_TOKENS": json.dumps(TOKENS),
                 "AGENTLAKE_COLLECTOR__HTTP_PORT": str(http_port),
                 "AGENTLAKE_COLLECTOR__GRPC_PORT": str(grpc_port),
             }
@@ -862,16 +901,17 @@ class Client:
         self.timeout_s = timeout_s
         self.retries = 0
 
-    def post(self, port: int, path: str, body: bytes, content_type: str) -> bytes:
+    def post(self, port: int, path: str, body: bytes, content_type: str, token: str | None = None) -> bytes:
         import httpx
 
         deadline = time.monotonic() + self.timeout_s
         delay = 0.2
+        headers = {"Content-Type": content_type}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         while True:
             try:
-                resp = self.http.post(
-                    f"http://127.0.0.1:{port}{path}", content=body, headers={"Content-Type": content_type}
-                )
+                resp = self.http.post(f"http://127.0.0.1:{port}{path}", content=body, headers=headers)
                 if resp.status_code == 200:
                     return resp.content
                 if resp.status_code not in (429, 502, 503, 504):
@@ -884,14 +924,16 @@ class Client:
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    def traces(self, port: int, body: bytes) -> None:
+    def traces(self, port: int, body: bytes, token: str | None = None) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-        answer = ExportTraceServiceResponse.FromString(self.post(port, "/v1/traces", body, "application/x-protobuf"))
+        answer = ExportTraceServiceResponse.FromString(
+            self.post(port, "/v1/traces", body, "application/x-protobuf", token)
+        )
         assert answer.partial_success.rejected_spans == 0, answer
 
-    def reward(self, port: int, event: dict[str, Any]) -> None:
-        self.post(port, "/v1/rewards", json.dumps(event).encode(), "application/json")
+    def reward(self, port: int, event: dict[str, Any], token: str | None = None) -> None:
+        self.post(port, "/v1/rewards", json.dumps(event).encode(), "application/json", token)
 
     def close(self) -> None:
         self.http.close()
