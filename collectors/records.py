@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -326,10 +327,37 @@ def any_value(v: AnyValue) -> Any:
     return getattr(v, kind)
 
 
+# Token arrays on the wire, as upb re-serializes a parsed ArrayValue (canonical: one field per item).
+# Ids: each item 0x0a, its length, 0x18 and a varint below 2**31 (at most 4 bytes, or a 5th byte <= 7).
+_TOKEN_IDS_WIRE = re.compile(rb"(?:\x0a[\x02-\x06]\x18(?:[\x80-\xff]{0,3}[\x00-\x7f]|[\x80-\xff]{4}[\x00-\x07]))*")
+_TOKEN_ID_KEYS = frozenset(k for keys in span_checks.TOKEN_ID_KEYS for k in keys)
+_LOGPROB_KEYS = frozenset(span_checks.LOGPROB_KEYS)
+
+
+def _clean_doubles(wire: bytes) -> bool:
+    """Every item a double (0x0a 0x09 0x21 and 8 bytes), none NaN."""
+    if len(wire) % 11:
+        return False
+    items = np.frombuffer(wire, np.uint8).reshape(-1, 11)
+    if not ((items[:, 0] == 0x0A).all() and (items[:, 1] == 0x09).all() and (items[:, 2] == 0x21).all()):
+        return False
+    return not np.isnan(np.ascontiguousarray(items[:, 3:]).view("<f8")).any()
+
+
+def _checked_value(key: str, value: AnyValue) -> Any:
+    """``value`` as ``span_checks`` reads it. A token array whose bytes show it passes stands in as []:
+    reading thousands of items one by one cost 15 times the rest of the span."""
+    if value.WhichOneof("value") == "array_value":
+        wire = value.array_value.SerializeToString()
+        if key in _TOKEN_ID_KEYS and _TOKEN_IDS_WIRE.fullmatch(wire) or key in _LOGPROB_KEYS and _clean_doubles(wire):
+            return []
+    return any_value(value)
+
+
 def _checked_attributes(span: Span) -> dict[str, Any]:
     """The span's attributes that ``span_checks`` reads, decoded; the others are left as bytes."""
     keys = span_checks.CHECKED_KEYS
-    return {kv.key: any_value(kv.value) for kv in span.attributes if kv.key in keys}
+    return {kv.key: _checked_value(kv.key, kv.value) for kv in span.attributes if kv.key in keys}
 
 
 def span_problem(span: Span, *, strict: bool, attributes: bool) -> str | None:
