@@ -12,17 +12,21 @@ real steps, as the Dagster assets do.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
+from pipelines.credit import RunningBaseline
 from pipelines.ingest import ingest
 from pipelines.lake import Lake
-from pipelines.steps import update_trajectories, update_transitions
+from pipelines.steps import REMOVED_KEY, _removed_rollouts, update_trajectories, update_transitions
 from schemas.config import CreditSettings, Settings, load_settings
+from schemas.tables import TRAJECTORIES
 from tests.pipelines.otel import MS, Call, Rollout, make_spans, produce, reward_record, span_record
 from trainer.config import config_from_settings
 from trainer.data import read_transitions
@@ -249,3 +253,24 @@ def test_transition_ids_keep_the_default_tenant_and_never_collide_across_tenants
     assert ids[0] == "r/a1/0"  # the default tenant's ids are as before tenants were keys
     assert ids[1] == "r/a1/0@team-a"
     assert len(set(ids)) == len(ids), ids
+
+
+def test_a_lake_from_before_tenants_were_keys_keeps_its_baseline_and_removals(tmp_path: Path) -> None:
+    """Commit metadata written by the previous code: a running baseline without tenants is the
+    default tenant's, and removed rollouts named without a tenant are taken as removed in every tenant."""
+    from pipelines.credit import TenantBaselines  # (imported here: the module runs against older code too)
+
+    legacy = RunningBaseline(0.5, 3).to_json()
+    state = TenantBaselines.from_json(legacy)
+    assert (state.of("default").value, state.of("default").count) == (0.5, 3)
+    assert state.to_json() == legacy  # one tenant: saved exactly as before
+    state.of(B).advance(1.0)
+    assert TenantBaselines.from_json(state.to_json()).of(B).count == 1
+
+    lake = Lake(str(tmp_path / "lake"))
+    empty = TRAJECTORIES.empty_table()
+    lake.write("trajectories", empty, metadata={REMOVED_KEY: json.dumps(["old-r"])})
+    lake.write("trajectories", pa.Table.from_batches([], empty.schema), metadata={REMOVED_KEY: json.dumps([[A, "r"]])})
+    table = lake.table("trajectories")
+    assert table is not None
+    assert _removed_rollouts(table, None) == ({(A, "r")}, {"old-r"})
