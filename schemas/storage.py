@@ -29,8 +29,13 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem for ``uri`` and the path inside it (``bucket/key`` for object stores)."""
+def filesystem(
+    uri: str, storage_options: Mapping[str, str] | None = None, *, s3_extra: Mapping[str, object] | None = None
+) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem for ``uri`` and the path inside it (``bucket/key`` for object stores).
+
+    ``s3_extra``: further ``pyarrow.fs.S3FileSystem`` arguments (timeouts, bucket creation) for S3.
+    """
     if is_local(uri):
         return pafs.LocalFileSystem(), local_path(uri)
     norm = normalize_uri(uri)
@@ -52,7 +57,7 @@ def filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> tu
             kwargs["region"] = region
         if endpoint:
             kwargs["force_virtual_addressing"] = _truthy(opts.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"))
-        return pafs.S3FileSystem(**kwargs), rest  # type: ignore[arg-type]
+        return pafs.S3FileSystem(**kwargs, **(s3_extra or {})), rest  # type: ignore[arg-type]
     if scheme in ("gs", "gcs"):
         return pafs.GcsFileSystem(), rest
     if scheme in ("az", "azure", "abfs", "abfss"):

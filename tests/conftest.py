@@ -15,6 +15,16 @@ from tests.topics import fresh_kafka
 pytest_plugins = ["tests.fixtures_vllm"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep tests away from the checkout's ``.agentlake``: a stack a user ran there (`make demo`),
+    running or stopped, must not become the default lake of a test's child process."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get("AGENTLAKE_STATE_DIR"):
+            mp.setenv("AGENTLAKE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap address of a real broker for the whole session."""

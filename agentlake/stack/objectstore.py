@@ -123,15 +123,12 @@ def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0) -> Non
     """Create ``bucket`` (a signed ``PUT /<bucket>``) once the gateway takes it; an existing one is fine."""
     import pyarrow.fs as pafs
 
-    fs = pafs.S3FileSystem(
-        endpoint_override=endpoint.split("://", 1)[-1],
-        scheme="https" if endpoint.startswith("https") else "http",
-        access_key=ACCESS_KEY,
-        secret_key=SECRET_KEY,
-        region=REGION,
-        allow_bucket_creation=True,
-        connect_timeout=5,
-        request_timeout=5,
+    from schemas.storage import filesystem
+
+    fs, _ = filesystem(
+        f"s3://{bucket}",
+        lake_storage_options(endpoint),
+        s3_extra={"allow_bucket_creation": True, "connect_timeout": 5, "request_timeout": 5},
     )
     deadline = time.monotonic() + timeout_s
     last = ""
@@ -149,10 +146,11 @@ def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0) -> Non
 
 def s3_env(endpoint: str) -> dict[str, str]:
     """What Tansu's S3 engine (object_store) reads: keys, region, endpoint, plain HTTP allowed."""
+    opts = lake_storage_options(endpoint)  # the same identity, in object_store's environment spelling
     return {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_ENDPOINT": endpoint,
-        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": opts["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": opts["AWS_SECRET_ACCESS_KEY"],
+        "AWS_DEFAULT_REGION": opts["AWS_REGION"],
+        "AWS_ENDPOINT": opts["AWS_ENDPOINT_URL"],
+        "AWS_ALLOW_HTTP": opts["AWS_ALLOW_HTTP"],
     }
