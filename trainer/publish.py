@@ -28,7 +28,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,12 +126,16 @@ def score(client: VllmClient, model: str, tasks: Sequence[EvalTask], *, max_toke
 
 
 # --- gateway and Kafka -------------------------------------------------------------------------
-def gateway_call(gateway_url: str | None, path: str) -> bool:
-    """Pause or resume the gateway; a gateway that is absent or lacks the endpoint is tolerated."""
+def gateway_call(gateway_url: str | None, path: str, *, headers: Mapping[str, str] | None = None) -> bool:
+    """Pause or resume the gateway; a gateway that is absent or lacks the endpoint is tolerated.
+
+    ``headers`` carry the gateway's admin token (``gateway.admin_token``): a locked gateway answers
+    ``/admin/*`` with 401/403 without it, and publishing then goes on unpaused (logged).
+    """
     if not gateway_url:
         return False
     try:
-        resp = httpx.post(f"{gateway_url.rstrip('/')}{path}", timeout=10.0)
+        resp = httpx.post(f"{gateway_url.rstrip('/')}{path}", headers=dict(headers or {}), timeout=10.0)
     except httpx.HTTPError as exc:
         log.warning("gateway %s%s not reachable (%s); publishing without it", gateway_url, path, exc)
         return False
@@ -203,6 +207,7 @@ class Publisher:
     vllm_url: str
     served_name: str
     gateway_url: str | None = None
+    gateway_headers: Mapping[str, str] = field(default_factory=dict)  # the admin token, when one is set
     kafka: KafkaSettings | None = None
     restart: Callable[[str], None] | None = None  # full weights: restart vLLM on this folder
     eval_tasks: Sequence[EvalTask] = ()
@@ -219,7 +224,8 @@ class Publisher:
             registry=Registry(*lake_of(settings)),
             vllm_url=vllm_url or settings.vllm.url,
             served_name=settings.model.served_name,
-            gateway_url=f"http://{gw.host}:{gw.port}",
+            gateway_url=gw.url,
+            gateway_headers=gw.admin_headers(),
             kafka=settings.kafka,
             **kwargs,
         )
@@ -337,7 +343,7 @@ class Publisher:
                 "a full-weight version needs a managed vLLM restart; publish it with "
                 "`agentlake model publish`, which restarts the local vLLM on the new folder"
             )
-        paused = gateway_call(self.gateway_url, GATEWAY_PAUSE)
+        paused = gateway_call(self.gateway_url, GATEWAY_PAUSE, headers=self.gateway_headers)
         try:
             self.restart(folder)
             deadline = time.monotonic() + self.timeout_s
@@ -347,7 +353,7 @@ class Publisher:
                 time.sleep(0.5)
         finally:
             if paused:
-                gateway_call(self.gateway_url, GATEWAY_RESUME)
+                gateway_call(self.gateway_url, GATEWAY_RESUME, headers=self.gateway_headers)
 
     def _restore(self, client: VllmClient, row: dict[str, Any], serving: dict[str, Any] | None) -> None:
         """After a failed in-place load, put the serving adapter back (a no-op when it never left)."""

@@ -339,3 +339,37 @@ def test_another_tenant_cannot_join_or_end_a_rollout(
     assert rows["acme"]["final_reward"] is None
     assert rows["beta"]["status"] == "finished" and rows["beta"]["n_llm_calls"] == 1
     assert rows["beta"]["final_reward"] == 1.0
+
+
+# --- the publisher's pause -------------------------------------------------------------------------------
+
+
+def test_the_publisher_pauses_a_locked_gateway_with_the_admin_token() -> None:
+    """A trainer publishing a version pauses the gateway; once ``gateway.admin_token`` is set, only with it."""
+    from trainer.publish import GATEWAY_PAUSE, GATEWAY_RESUME, Publisher, gateway_call
+
+    settings = load_settings(
+        environ={},
+        discover=False,
+        overrides={
+            "collector": {"auth_tokens": dict(TOKENS)},
+            "gateway": {"upstreams": [UPSTREAM], "admin_token": "adm-secret", "port": 0},
+        },
+    )
+    lt = LoopThread()
+    server = GatewayServer(
+        settings, MemorySink(), client=httpx.AsyncClient(transport=httpx.ASGITransport(FakeVllm().app()))
+    )
+    lt.run(server.start())
+    try:
+        settings.gateway.port = server.port
+        url = settings.gateway.url
+        assert not gateway_call(url, GATEWAY_PAUSE)  # no token: refused, publishing goes on unpaused
+        assert not gateway_call(url, GATEWAY_PAUSE, headers=ACME)  # a tenant's token is not the admin's
+        assert not server.gateway.paused
+        headers = Publisher.from_settings(settings).gateway_headers
+        assert gateway_call(url, GATEWAY_PAUSE, headers=headers) and server.gateway.paused
+        assert gateway_call(url, GATEWAY_RESUME, headers=headers) and not server.gateway.paused
+    finally:
+        lt.run(server.stop(), timeout=60)
+        lt.close()
