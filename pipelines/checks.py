@@ -38,7 +38,7 @@ def _unique(lake: LakeResource, table: str, key: list[str], redelivery_key: list
     description="Each span of each Kafka record is stored once (exactly-once ingestion); blocks downstream.",
 )
 def spans_unique(lake: LakeResource) -> AssetCheckResult:
-    return _unique(lake, "spans", ["trace_id", "span_id"], ["trace_id", "span_id"])
+    return _unique(lake, "spans", ["trace_id", "span_id"], ["tenant", "trace_id", "span_id"])
 
 
 @asset_check(
@@ -47,7 +47,7 @@ def spans_unique(lake: LakeResource) -> AssetCheckResult:
     description="Each reward of each Kafka record is stored once (exactly-once ingestion); blocks downstream.",
 )
 def rewards_unique(lake: LakeResource) -> AssetCheckResult:
-    return _unique(lake, "rewards", ["source", "reward_id"], ["source", "reward_id"])
+    return _unique(lake, "rewards", ["source", "reward_id"], ["tenant", "source", "reward_id"])
 
 
 @asset_check(asset=transitions, description="Response ids, logprobs and loss mask have the same length.")

@@ -274,3 +274,20 @@ def test_a_lake_from_before_tenants_were_keys_keeps_its_baseline_and_removals(tm
     table = lake.table("trajectories")
     assert table is not None
     assert _removed_rollouts(table, None) == ({(A, "r")}, {"old-r"})
+
+
+def test_the_uniqueness_check_counts_a_redelivery_within_a_tenant_only(tenants: Tenants) -> None:
+    """The same trace and span ids from two tenants are two spans, not a client's retried export;
+    the same spans sent twice by one tenant are (counted as ``redelivered``, never failed)."""
+    from pipelines.checks import spans_unique
+    from pipelines.resources import LakeResource
+
+    spans = tenants.spans(A, rollout("r", 1.0, task_id="t"))
+    produce(tenants.kafka, tenants.kafka.spans_topic, [span_record(spans, tenant=B)])
+    ingest(tenants.lake, tenants.kafka, "spans", workers=0)
+    check = spans_unique(LakeResource(root=tenants.lake.root))
+    assert check.passed and check.metadata["redelivered"].value == 0, check.metadata
+    produce(tenants.kafka, tenants.kafka.spans_topic, [span_record(spans, tenant=A)])
+    ingest(tenants.lake, tenants.kafka, "spans", workers=0)
+    check = spans_unique(LakeResource(root=tenants.lake.root))
+    assert check.passed and check.metadata["redelivered"].value == len(spans), check.metadata
