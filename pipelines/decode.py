@@ -24,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
 from pipelines.otlp_lite import ExportTraceServiceRequestLite
 from schemas import attributes as A
-from schemas import topics
+from schemas import span_checks, topics
 from schemas.errors import RecordValidationError
 from schemas.tables import QUARANTINE, REWARDS, SPANS
 from schemas.validation import validate_reward_event
@@ -123,11 +123,12 @@ class _Packed:
     batch-wide in ``SpanBatch.to_table``.
     """
 
-    __slots__ = ("data", "record")
+    __slots__ = ("data", "record", "key")
 
-    def __init__(self, data: bytes, record: int) -> None:
+    def __init__(self, data: bytes, record: int, key: str) -> None:
         self.data = data
         self.record = record
+        self.key = key  # the attribute it came from, named in a quarantine reason
 
     def value(self) -> Any:
         """The array as ``_any_value`` reads it: the slow path, for anything the fast pass refused."""
@@ -200,7 +201,10 @@ def _decode_pieces(pieces: Sequence[bytes], is_int: bool) -> tuple[np.ndarray, n
         if (sizes % 11).any():
             return None
         values = _doubles(b) if b.size else np.zeros(0)
-        return None if values is None else (values.astype(np.float32), sizes // 11)
+        # NaN is refused by span_checks.logprobs_problem: such a batch takes the slow path, which says so
+        if values is None or np.isnan(values).any():
+            return None
+        return values.astype(np.float32), sizes // 11
     if not b.size:
         return np.zeros(0, np.int32), sizes
     got = _varint_items(b)
@@ -259,29 +263,34 @@ def _str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def _int_list(v: Any) -> np.ndarray | _Packed | None:
-    if v is None or v.__class__ is _Packed:
-        return v
-    if isinstance(v, str):  # some SDKs can only write strings: accept a JSON list
-        v = json.loads(v)
-    arr = np.asarray(v) if isinstance(v, list) else v
-    if not isinstance(arr, np.ndarray) or (arr.dtype.kind not in "iu" and arr.size):
-        raise ValueError(f"token ids must be a list of integers, got {type(v).__name__}")
-    if arr.size and (arr.min() < 0 or arr.max() >= 2**31):
-        raise ValueError("token ids must be between 0 and 2**31-1")
-    return arr.astype(np.int32)
-
-
-def _float_list(v: Any) -> np.ndarray | _Packed | None:
-    if v is None or v.__class__ is _Packed:
-        return v
+def _checked(v: Any) -> Any:
+    """``v`` as ``schemas.span_checks`` reads it: a JSON string parsed when it parses, arrays as lists."""
     if isinstance(v, str):
-        v = json.loads(v)
-    if isinstance(v, np.ndarray):
-        return v.astype(np.float32)
-    if not isinstance(v, list):
-        raise ValueError(f"logprobs must be a list of numbers, got {type(v).__name__}")
-    return np.asarray(v, np.float64).astype(np.float32)
+        try:
+            return json.loads(v)
+        except (ValueError, RecursionError):
+            return v  # the check names it: not a JSON list
+    return v.tolist() if isinstance(v, np.ndarray) else v
+
+
+def _int_list(v: Any, key: str) -> np.ndarray | _Packed | None:
+    """Token ids of attribute ``key`` as int32; refused (``ValueError``) by ``span_checks.token_ids_problem``."""
+    if v is None or v.__class__ is _Packed:
+        return v
+    items = _checked(v)
+    if (why := span_checks.token_ids_problem(items)) is not None:
+        raise ValueError(f"attributes[{key}]: {why}")
+    return np.asarray(items, np.int32)
+
+
+def _float_list(v: Any, key: str) -> np.ndarray | _Packed | None:
+    """Logprobs of attribute ``key`` as float32; refused (``ValueError``) by ``span_checks.logprobs_problem``."""
+    if v is None or v.__class__ is _Packed:
+        return v
+    items = _checked(v)
+    if (why := span_checks.logprobs_problem(items)) is not None:
+        raise ValueError(f"attributes[{key}]: {why}")
+    return np.asarray(items, np.float64).astype(np.float32)
 
 
 def _token_column(name: str, n: int, rows: list[int], items: list[Any], bad: dict[int, str]) -> pa.Array:
@@ -304,7 +313,7 @@ def _token_column(name: str, n: int, rows: list[int], items: list[Any], bad: dic
             if x.__class__ is _Packed:
                 one = _decode_pieces([x.data], is_int)
                 try:
-                    x = one[0] if one is not None else (_int_list if is_int else _float_list)(x.value())
+                    x = one[0] if one is not None else (_int_list if is_int else _float_list)(x.value(), x.key)
                 except Exception as exc:  # noqa: BLE001 - the record is quarantined, as any decode error
                     bad.setdefault(x.record, f"{type(exc).__name__}: {exc}")
                     x = np.zeros(0)
@@ -334,7 +343,7 @@ def _oi_response_id(attrs: Mapping[str, Any]) -> str | None:
         return None
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes: no id
         return None
     rid = value.get("id") if isinstance(value, dict) else None
     return rid if isinstance(rid, str) and rid else None
@@ -400,7 +409,8 @@ _LISTS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 # What a row tuple holds, in order: the span's own scalar columns (start and end in nanoseconds,
 # end 0 when the span has not ended), then the index of its group. Token arrays are kept apart,
 # for the few spans that have them, so that pyarrow converts the row tuples in one call.
-_ROW_COLUMNS = (*(c for c in _SPAN_COLUMNS if c not in {*_GROUP_COLUMNS, *_LISTS, "day"}), "group")
+# `redacted` is left null here (not redacted): ingestion's redaction step fills it (pipelines.redact).
+_ROW_COLUMNS = (*(c for c in _SPAN_COLUMNS if c not in {*_GROUP_COLUMNS, *_LISTS, "day", "redacted"}), "group")
 _ROW_TYPE = pa.struct(
     [
         pa.field(c, pa.uint64() if c in ("start_time", "end_time") else pa.int64())
@@ -484,6 +494,7 @@ class SpanBatch:
             SPANS.field("end_time").type
         )
         cols["day"] = pa.array((start_us // _US_PER_DAY).astype(np.int32)).cast(pa.date32())
+        cols["redacted"] = pa.nulls(n, SPANS.field("redacted").type)
         table = pa.Table.from_pydict(cols, schema=SPANS)
         quarantine = list(self._quarantine)
         if bad:
@@ -619,6 +630,15 @@ def _pick(keys: tuple[str, ...], attrs: Mapping[str, Any]) -> Any:
     return None
 
 
+def _pick_list(keys: tuple[str, ...], attrs: Mapping[str, Any], read: Any) -> Any:
+    """``read(value, key)`` of the key ``_pick`` picks (``span_checks.first_present``'s), or None."""
+    for k in keys:
+        v = attrs[k]
+        if v is not None and (v.__class__ is not str or v):
+            return read(v, k)
+    return None
+
+
 _REWARD_SPAN_NAMES = frozenset({A.REWARD_SPAN_NAME, A.AGL_REWARD_SPAN_NAME})
 _ROLLOUT_COLUMN = _ROW_COLUMNS.index("rollout_id")
 
@@ -676,7 +696,7 @@ def _decode_request(
                         k = kv.key
                         if k in packed_keys and v.HasField("array_value"):
                             # Left in wire form: the batch decodes all token arrays in one numpy pass.
-                            attrs[k] = _Packed(v.array_value, record)
+                            attrs[k] = _Packed(v.array_value, record, k)
                         else:
                             attrs[k] = _lite_value(v)
                 name = span.name
@@ -711,9 +731,9 @@ def _decode_request(
                         tokens.append(
                             (
                                 len(rows),
-                                _int_list(_pick(shape.prompt, attrs)) if shape.prompt else None,
-                                _int_list(_pick(shape.completion, attrs)) if shape.completion else None,
-                                _float_list(attrs[shape.logprobs[0]]) if shape.logprobs else None,
+                                _pick_list(shape.prompt, attrs, _int_list) if shape.prompt else None,
+                                _pick_list(shape.completion, attrs, _int_list) if shape.completion else None,
+                                _float_list(attrs[shape.logprobs[0]], shape.logprobs[0]) if shape.logprobs else None,
                             )
                         )
                     attempt = _pick(shape.attempt, attrs) if shape.attempt else None

@@ -28,6 +28,9 @@ one past the last offset the lake holds), and records of the new log are stored 
 So ``kafka_offset`` in the tables is the lake's position in a partition: the Kafka offset until a
 reset is accepted, the Kafka offset + base after. It only grows, and the watermarks with it, so
 every downstream offset range (``kafka_offset`` between two watermarks) stays correct.
+
+Span text is redacted before it is stored (``pipelines.redact``, the ``[redaction]`` settings the
+caller passes, else this process's): each decoded batch, in the decoder process that decoded it.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ import pyarrow as pa
 
 from pipelines.decode import KafkaRecord, decode_reward_event, decode_spans, quarantine_row, reward_rows_from_spans
 from pipelines.lake import Lake
-from schemas.config import KafkaSettings
+from pipelines.redact import Redactor, redact_spans
+from schemas.config import KafkaSettings, RedactionSettings
 from schemas.errors import LakeError, LogResetError
 from schemas.tables import QUARANTINE, REWARDS, TABLES
 
@@ -432,6 +436,7 @@ def ingest(
     on_commit: Callable[[int], None] | None = None,
     workers: int | None = None,
     on_reset: OnReset = "stop",
+    redaction: RedactionSettings | None = None,
 ) -> IngestResult:
     """Consume ``kind``'s topic from where the lake left off into its table until caught up.
 
@@ -441,13 +446,16 @@ def ingest(
     ``"stop"`` raises ``LogResetError`` before writing anything; ``"accept"`` records a new epoch
     (as ``agentlake lake accept-reset`` does) and ingests the new log from its first record.
     Another run committing the same partitions first makes this one raise ``ConcurrentWriteError``.
+    ``redaction``: what span text is redacted before it is stored (default: ``load_settings().redaction``,
+    read once here; the decoder processes get it when they are forked).
     """
     topic = kafka.spans_topic if kind == "spans" else kafka.rewards_topic
     result = IngestResult(topic=topic)
     t0 = time.perf_counter()
     n_workers = default_workers(kind) if workers is None else workers
+    redactor = _redactor(redaction) if kind == "spans" else None
     # Forked before the consumer and writer threads exist, so no child starts with a lock held.
-    decoders = _decoder_pool(n_workers) if n_workers > 0 else None
+    decoders = _decoder_pool(n_workers, redactor) if n_workers > 0 else None
     own = consumer is None
     consumer = consumer or make_fetcher(kafka)
     try:
@@ -526,10 +534,13 @@ def ingest(
                 if decoders is not None:
                     # each worker decodes a slice of the batch; the slices are committed together
                     size = -(-len(batch) // n_workers)
-                    chunks = [decoders.submit(_decode, kind, batch[i : i + size]) for i in range(0, len(batch), size)]
+                    chunks = [
+                        decoders.submit(_decode_in_worker, kind, batch[i : i + size])
+                        for i in range(0, len(batch), size)
+                    ]
                 else:
                     done_now: Future[tuple[pa.Table, list[dict[str, Any]]]] = Future()
-                    done_now.set_result(_decode(kind, batch))
+                    done_now.set_result(_decode(kind, batch, redactor))
                     chunks = [done_now]
                 decoding.append((chunks, last, len(batch)))
                 del batch
@@ -623,17 +634,40 @@ def default_workers(kind: Kind) -> int:
     return min(4, max(2, cpus - 1))
 
 
-def _decoder_init() -> None:
-    """A decoder dies with its parent, even one killed with SIGKILL (Linux), instead of lingering."""
+_REDACTORS: dict[str, Redactor] = {}
+_WORKER_REDACTOR: Redactor | None = None  # a decoder process's: its pool's run's
+
+
+def _redactor(redaction: RedactionSettings | None) -> Redactor:
+    """The redactor of ``redaction`` (None: this process's settings), one per distinct settings."""
+    if redaction is None:
+        from schemas.config import load_settings
+
+        redaction = load_settings().redaction
+    key = redaction.model_dump_json()
+    if key not in _REDACTORS:
+        if len(_REDACTORS) > 16:  # settings that change run after run: stay bounded
+            _REDACTORS.clear()
+        _REDACTORS[key] = Redactor(redaction)
+    return _REDACTORS[key]
+
+
+def _decoder_init(redactor: Redactor | None = None) -> None:
+    """A decoder dies with its parent, even one killed with SIGKILL (Linux), instead of lingering;
+    it redacts with the run's ``redactor`` (handed over by the fork, never pickled per batch)."""
+    global _WORKER_REDACTOR
+    _WORKER_REDACTOR = redactor
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
 
-def _decoder_pool(workers: int) -> ProcessPoolExecutor:
+def _decoder_pool(workers: int, redactor: Redactor | None = None) -> ProcessPoolExecutor:
     """Decoder processes, forked now (fork: nothing to re-import, so a run pays milliseconds)."""
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_decoder_init)
+    pool = ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("fork"), initializer=_decoder_init, initargs=(redactor,)
+    )
     pool.submit(int).result()  # with fork, the first submit starts every worker
     return pool
 
@@ -665,9 +699,21 @@ def _commit(
     return lake.write(kind, data, txns=txns, marks=marks, snapshot=data_dt, expect=expect)
 
 
-def _decode(kind: Kind, batch: list[KafkaRecord]) -> tuple[pa.Table, list[dict[str, Any]]]:
+def _decode_in_worker(kind: Kind, batch: list[KafkaRecord]) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """``_decode`` in a decoder process, with the redactor its pool was forked with."""
+    if kind == "spans" and _WORKER_REDACTOR is None:
+        raise RuntimeError("a decoder process without a redactor: spans would be stored unredacted")
+    return _decode(kind, batch, _WORKER_REDACTOR)
+
+
+def _decode(
+    kind: Kind, batch: list[KafkaRecord], redactor: Redactor | None = None
+) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """Rows and quarantine rows of ``batch``; spans redacted by ``redactor`` (None: not redacted,
+    their ``redacted`` column null; only for comparing ids, never for rows that are stored)."""
     if kind == "spans":
-        return decode_spans(batch)
+        rows, bad = decode_spans(batch)
+        return (rows if redactor is None else redact_spans(rows, redactor)), bad
     rows: list[dict[str, Any]] = []
     bad: list[dict[str, Any]] = []
     for rec in batch:

@@ -186,13 +186,16 @@ def _json_cell(raw: str, detectors: Sequence[Detector]) -> tuple[str, set[str]]:
             return raw, set()
     try:
         doc = json.loads(raw)
-    except ValueError:  # not JSON after all: redact it as text
+        found: set[str] = set()
+        new = _walk(doc, detectors, found)
+        if not found:
+            return raw, set()
+        return json.dumps(new), found  # the decoder's own style (json.dumps defaults)
+    except (ValueError, RecursionError):
+        # not JSON after all, or nested deeper than Python recurses (a hostile message list: it
+        # must not fail the batch it came in): redact it as text. No marker holds a quote or a
+        # backslash, so a JSON document stays one.
         return _apply(raw, detectors)
-    found: set[str] = set()
-    new = _walk(doc, detectors, found)
-    if not found:
-        return raw, set()
-    return json.dumps(new), found  # the decoder's own style (json.dumps defaults)
 
 
 def _candidates(column: pa.ChunkedArray, triggers: Iterable[str]) -> pa.ChunkedArray:

@@ -35,7 +35,7 @@ _kafka_origin = [
 # --- bronze ------------------------------------------------------------------------------------
 SPANS = _versioned(
     "spans",
-    2,
+    3,
     [
         pa.field("tenant", pa.string(), nullable=False),
         pa.field("trace_id", pa.string(), nullable=False),  # 32 lowercase hex digits
@@ -72,6 +72,10 @@ SPANS = _versioned(
         pa.field("received_at", _ts),
         *_kafka_origin,
         pa.field("day", pa.date32(), nullable=False),  # partition column, from start_time
+        # v3: the detectors that redacted the row's text before it was stored (pipelines.redact; [] when
+        # none fired); null in rows stored before v3, and in rows decoded without redaction. Last, where
+        # an older table gains it on its next write (Lake.write merges the schema).
+        pa.field("redacted", pa.list_(pa.string())),
     ],
 )
 

@@ -15,6 +15,7 @@ from pipelines.decode import KafkaRecord, SpanBatch, _any_value, _decode_pieces,
 from pipelines.ingest import ingest
 from pipelines.lake import Lake
 from schemas import attributes as A
+from schemas import span_checks
 from schemas.config import Settings
 from tests.pipelines.otel import Call, Rollout, encode, make_spans, produce, span_record
 
@@ -102,8 +103,10 @@ def test_token_columns_and_late_quarantine() -> None:
     assert calls.column("completion_logprobs").to_pylist() == [[-0.25], None, [-0.25], None]
     q = batch.quarantine
     assert [row["kafka_offset"] for row in q] == [1, 3]
-    assert q[0]["error"] == "ValueError: token ids must be between 0 and 2**31-1"
-    assert q[1]["error"].startswith("ValueError: token ids must be a list of integers")
+    # the reasons are schemas.span_checks' (the collector refuses such a span with the same words)
+    key = A.LLM_PROMPT_TOKEN_IDS
+    assert q[0]["error"] == f"ValueError: attributes[{key}]: item 1 is 2147483648, token ids are between 0 and 2**31-1"
+    assert q[1]["error"] == f"ValueError: attributes[{key}]: item 0 is float, token ids are integers"
 
 
 def test_token_ids_as_json_string_and_mixed_arrays() -> None:
@@ -133,6 +136,96 @@ def test_token_ids_as_json_string_and_mixed_arrays() -> None:
     assert row["completion_logprobs"] == pytest.approx([-1.0, 0.0])  # a non-double item reads as 0.0
     assert row["attributes"] == '{"custom": 0.5}'
     assert row["rollout_id"] == "k" and row["end_time"] is None
+
+
+def _llm_span(attrs: dict[str, AnyValue]) -> bytes:
+    req = ExportTraceServiceRequest()
+    span = (
+        req.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(
+            trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="llm", start_time_unix_nano=1_750_000_000_000_000_000
+        )
+    )
+    span.attributes.extend([KeyValue(key=k, value=v) for k, v in attrs.items()])
+    return req.SerializeToString()
+
+
+def _doubles(values: list[float]) -> AnyValue:
+    return AnyValue(array_value=ArrayValue(values=[AnyValue(double_value=v) for v in values]))
+
+
+def _int_values(values: list[int]) -> AnyValue:
+    return AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=v) for v in values]))
+
+
+def _plain(v: AnyValue) -> object:
+    """An attribute as span_checks takes it (plain Python, as the collector reads it)."""
+    x = _any_value(v)
+    return x.tolist() if isinstance(x, np.ndarray) else x
+
+
+BAD_TOKENS: list[tuple[str, AnyValue]] = [
+    (A.LLM_PROMPT_TOKEN_IDS, _int_values([1, -1])),  # a negative varint: refused by the batch pass
+    (A.LLM_COMPLETION_TOKEN_IDS, _int_values([2**31])),
+    (A.AGL_RESPONSE_TOKEN_IDS, AnyValue(string_value="[1, -5]")),
+    (A.AGL_PROMPT_TOKEN_IDS, AnyValue(string_value="[[1]]")),
+    (A.AGL_PROMPT_TOKEN_IDS, AnyValue(string_value="[1, true]")),
+    (A.AGL_PROMPT_TOKEN_IDS, AnyValue(string_value="not json")),
+    (A.AGL_PROMPT_TOKEN_IDS, AnyValue(int_value=5)),
+    (A.LLM_PROMPT_TOKEN_IDS, AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="1")]))),
+    (A.LLM_COMPLETION_LOGPROBS, _doubles([-0.5, float("nan")])),  # clean doubles: the batch pass sees the NaN
+    (A.LLM_COMPLETION_LOGPROBS, AnyValue(string_value="[-0.5, NaN]")),
+    (A.LLM_COMPLETION_LOGPROBS, AnyValue(string_value='["-0.5"]')),
+    (A.LLM_COMPLETION_LOGPROBS, AnyValue(string_value="-0.5")),
+    (A.LLM_COMPLETION_LOGPROBS, AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="a")]))),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_TOKENS, ids=[f"{k}={v}"[:60] for k, v in BAD_TOKENS])
+def test_token_arrays_are_refused_by_the_span_checks_rule(key: str, value: AnyValue) -> None:
+    """Decoding quarantines exactly what schemas.span_checks refuses, with its reason, fast path or slow."""
+    batch = SpanBatch()
+    batch.add(KafkaRecord("t", 0, 0, b"k", _llm_span({key: value}), []))
+    assert batch.to_table().num_rows == 0
+    (q,) = batch.quarantine
+    why = span_checks.attributes_problem("llm", {key: _plain(value)})
+    assert why is not None and q["error"] == f"ValueError: {why}"
+
+
+def test_clean_token_arrays_pass_the_rule_and_decode() -> None:
+    attrs = {
+        A.LLM_PROMPT_TOKEN_IDS: _int_values([0, 5, 2**31 - 1]),
+        A.AGL_RESPONSE_TOKEN_IDS: AnyValue(string_value="[7, 8]"),
+        A.LLM_COMPLETION_LOGPROBS: _doubles([-0.5, float("-inf")]),  # -inf is a number: kept
+    }
+    assert span_checks.attributes_problem("llm", {k: _plain(v) for k, v in attrs.items()}) is None
+    batch = SpanBatch()
+    assert batch.add(KafkaRecord("t", 0, 0, b"k", _llm_span(attrs), [])) == 1
+    (row,) = batch.to_table().to_pylist()
+    assert not batch.quarantine
+    assert row["prompt_token_ids"] == [0, 5, 2**31 - 1] and row["completion_token_ids"] == [7, 8]
+    assert row["completion_logprobs"] == [-0.5, float("-inf")]
+    assert row["redacted"] is None  # decoding alone does not redact: ingestion does
+
+
+def test_deeply_nested_openinference_output_is_no_response_id() -> None:
+    """An OpenInference LLM span whose output.value nests past the JSON parser's depth is stored, without id."""
+    deep = '{"id": "resp-1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    attrs = {
+        A.OI_SPAN_KIND: AnyValue(string_value=A.OI_SPAN_KIND_LLM),
+        A.OI_OUTPUT_VALUE: AnyValue(string_value=deep),
+    }
+    batch = SpanBatch()
+    assert batch.add(KafkaRecord("t", 0, 0, b"k", _llm_span(attrs), [])) == 1
+    assert not batch.quarantine
+    (row,) = batch.to_table().to_pylist()
+    assert row["llm_response_id"] is None
+    # the same span with a shallow body keeps its id: the deep one lost it to the depth only
+    attrs[A.OI_OUTPUT_VALUE] = AnyValue(string_value='{"id": "resp-1", "x": [[]]}')
+    batch = SpanBatch()
+    batch.add(KafkaRecord("t", 0, 0, b"k", _llm_span(attrs), []))
+    assert batch.to_table().column("llm_response_id").to_pylist() == ["resp-1"]
 
 
 @pytest.mark.kafka

@@ -168,3 +168,11 @@ def test_schemas_imports_nothing_of_ours() -> None:
     for path in root.glob("*.py"):
         text = path.read_text()
         assert not re.search(r"^\s*(from|import)\s+(agentlake|collectors|pipelines|trainer)\b", text, re.M), path
+
+
+def test_spans_v3_ends_with_a_nullable_redacted_column() -> None:
+    """v3 adds `redacted` (pipelines.redact) last and nullable: a v2 table gains it by a schema merge."""
+    assert tables.schema_version(tables.SPANS) == 3
+    field = tables.SPANS.field("redacted")
+    assert field.type == pa.list_(pa.string()) and field.nullable
+    assert tables.SPANS.names[-1] == "redacted"
