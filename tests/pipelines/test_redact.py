@@ -140,7 +140,8 @@ def test_spans_table_redacts_every_text_column(rows: list[tuple[Any, Any, bool]]
 def test_spans_table_without_them_is_unchanged(rows: list[tuple[str, str]]) -> None:
     table = spans_table([span_row(i, "default", a, b, a or None) for i, (a, b) in enumerate(rows)])
     out = redact_spans(table, ALL)
-    assert out.drop_columns([REDACTED_COLUMN]).equals(table)
+    assert out.schema.names == table.schema.names  # a `spans` table (v3) has the column: filled in place
+    assert out.drop_columns([REDACTED_COLUMN]).equals(table.drop_columns([REDACTED_COLUMN]))
     assert out.column(REDACTED_COLUMN).to_pylist() == [[] for _ in rows]
 
 
