@@ -39,7 +39,7 @@ def replay(
     deletions = recorded(source) if source.root != lake.root else []
     k = settings.kafka
     out: dict[str, Any] = {
-        "spans": ingest(lake, k, "spans"),
+        "spans": ingest(lake, k, "spans", redaction=settings.redaction),
         "rewards": ingest(lake, k, "rewards"),
     }
     forgets = [d for d in deletions if d.kind == "forget"]
