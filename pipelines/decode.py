@@ -380,17 +380,25 @@ def _flat_messages(attrs: Mapping[str, Any], openinference_prefix: str, old_gena
     ) or _indexed_messages(attrs, old_genai_prefix, "role", "content")
 
 
+def _reward_value(value: Any, key: str) -> float:
+    """A reward as float; refused (``ValueError``) by ``span_checks.reward_value_problem``, as the collector does."""
+    if (why := span_checks.reward_value_problem(value)) is not None:
+        raise ValueError(f"attributes[{key}]: {why}")
+    return float(value)
+
+
 def _reward(name: str, attrs: Mapping[str, Any]) -> tuple[float | None, str | None]:
     """The reward a span carries, our convention or Agent Lightning's; unnamed rewards are primary."""
     if name == A.REWARD_SPAN_NAME and attrs.get(A.REWARD_VALUE) is not None:
-        return float(attrs[A.REWARD_VALUE]), _str(attrs.get(A.REWARD_NAME)) or A.PRIMARY_REWARD_NAME
+        value = _reward_value(attrs[A.REWARD_VALUE], A.REWARD_VALUE)
+        return value, _str(attrs.get(A.REWARD_NAME)) or A.PRIMARY_REWARD_NAME
     if name == A.AGL_REWARD_SPAN_NAME:
-        value = attrs.get(f"{A.AGL_REWARD_PREFIX}.0.{A.AGL_REWARD_VALUE_SUFFIX}")
-        if value is None:
-            value = attrs.get(A.AGL_LEGACY_REWARD)
-        if value is not None:
+        key = f"{A.AGL_REWARD_PREFIX}.0.{A.AGL_REWARD_VALUE_SUFFIX}"
+        if attrs.get(key) is None:
+            key = A.AGL_LEGACY_REWARD
+        if attrs.get(key) is not None:
             rname = attrs.get(f"{A.AGL_REWARD_PREFIX}.0.{A.AGL_REWARD_NAME_SUFFIX}")
-            return float(value), _str(rname) or A.PRIMARY_REWARD_NAME
+            return _reward_value(attrs[key], key), _str(rname) or A.PRIMARY_REWARD_NAME
     return None, None
 
 

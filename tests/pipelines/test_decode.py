@@ -138,13 +138,13 @@ def test_token_ids_as_json_string_and_mixed_arrays() -> None:
     assert row["rollout_id"] == "k" and row["end_time"] is None
 
 
-def _llm_span(attrs: dict[str, AnyValue]) -> bytes:
+def _llm_span(attrs: dict[str, AnyValue], name: str = "llm") -> bytes:
     req = ExportTraceServiceRequest()
     span = (
         req.resource_spans.add()
         .scope_spans.add()
         .spans.add(
-            trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="llm", start_time_unix_nano=1_750_000_000_000_000_000
+            trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name=name, start_time_unix_nano=1_750_000_000_000_000_000
         )
     )
     span.attributes.extend([KeyValue(key=k, value=v) for k, v in attrs.items()])
@@ -245,3 +245,22 @@ def test_decoder_processes_give_the_same_table(settings: Settings, tmp_path: Pat
         assert res.records == 61 and res.quarantined == 1 and res.lag == 0
         tables[workers] = pl.read_delta(lake.uri("spans")).sort("kafka_partition", "kafka_offset", "span_id")
     assert tables[0].equals(tables[2])
+
+
+BAD_REWARDS: list[tuple[str, str, AnyValue]] = [
+    (A.REWARD_SPAN_NAME, A.REWARD_VALUE, AnyValue(double_value=float("nan"))),
+    (A.REWARD_SPAN_NAME, A.REWARD_VALUE, AnyValue(double_value=float("inf"))),
+    (A.REWARD_SPAN_NAME, A.REWARD_VALUE, AnyValue(string_value="abc")),
+    (A.AGL_REWARD_SPAN_NAME, A.AGL_LEGACY_REWARD, AnyValue(string_value="-inf")),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "value"), BAD_REWARDS, ids=[f"{k}={v}"[:60] for _, k, v in BAD_REWARDS])
+def test_reward_values_are_refused_by_the_span_checks_rule(name: str, key: str, value: AnyValue) -> None:
+    """A reward span whose value is not a finite number is quarantined with the collector's reason."""
+    batch = SpanBatch()
+    batch.add(KafkaRecord("t", 0, 0, b"k", _llm_span({key: value}, name=name), []))
+    assert batch.to_table().num_rows == 0
+    (q,) = batch.quarantine
+    why = span_checks.attributes_problem(name, {key: _plain(value)})
+    assert why is not None and q["error"] == f"ValueError: {why}"
