@@ -17,7 +17,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from schemas.errors import ConcurrentWriteError, LakeError
-from schemas.tables import PARTITION_COLUMNS, TABLES
+from schemas.tables import PARTITION_COLUMNS, TABLES, table_configuration
 from schemas.uris import table_uri
 
 if TYPE_CHECKING:
@@ -130,6 +130,7 @@ class Lake:
                 self.uri(name),
                 schema=TABLES[name],
                 partition_by=PARTITION_COLUMNS[name] or None,
+                configuration=table_configuration(name) or None,
                 mode="ignore",
                 storage_options=self._opts(),
             )
@@ -207,6 +208,7 @@ class Lake:
                 mode=mode,  # type: ignore[arg-type]
                 partition_by=PARTITION_COLUMNS[name] or None,
                 storage_options=None if dt is not None else self._opts(),
+                configuration=None if dt is not None else table_configuration(name) or None,
                 commit_properties=props,
                 **kwargs,
             )

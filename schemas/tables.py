@@ -339,3 +339,20 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     "quarantine": [],
     "deletions": [],
 }
+
+# Columns holding what users and agents wrote (messages, attribute values, error text). Delta keeps
+# each data file's min/max per column in its log, which outlives a delete + vacuum: a forgotten
+# message would stay readable there. These columns get no statistics (nothing skips files on them).
+CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "spans": ("status_message", "input_messages", "output_messages", "attributes", "resource_attributes"),
+    "quarantine": ("headers", "error", "value"),
+}
+
+
+def table_configuration(name: str) -> dict[str, str]:
+    """Delta table properties a table is created with: statistics on every column but its content."""
+    content = CONTENT_COLUMNS.get(name)
+    if not content:
+        return {}
+    kept = [f.name for f in TABLES[name] if f.name not in content]
+    return {"delta.dataSkippingStatsColumns": ",".join(kept)}

@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 from pyarrow.fs import FileSelector
 from typer.testing import CliRunner
 
@@ -519,3 +520,17 @@ def test_forget_on_the_object_store(object_store: ObjectStore, tmp_path: Path) -
         assert disk.filter((pl.col("tenant") == "a") & (pl.col("rollout_id") == "r1")).height == 0, name
     assert on_disk(lake, "spans").filter(pl.col("trace_id").is_in(["ta1", "ta1g"])).height == 0
     assert rows(lake, "deletions")["rows_removed"].to_list() == [10]
+
+
+def test_no_forgotten_text_stays_in_the_delta_log(tmp_path: Path) -> None:
+    """Delta keeps each file's min/max per column in its log, which a delete + vacuum leaves behind:
+    the tables are created without statistics on their content columns, so no message is there."""
+    root = tmp_path / "lake"
+    two_tenant_lake(root)
+    assert cli(root, "--tenant", "a", "--rollout", "r1", "--yes").exit_code == 0
+    logs = [f for f in root.rglob("*") if f.is_file() and "_delta_log" in f.parts]
+    assert logs
+    assert not [f for f in logs if b"secret of a/r1" in f.read_bytes()]
+    spans = DeltaTable(str(root / "spans"))
+    assert "input_messages" not in spans.metadata().configuration["delta.dataSkippingStatsColumns"].split(",")
+    assert "rollout_id" in spans.metadata().configuration["delta.dataSkippingStatsColumns"].split(",")
