@@ -299,6 +299,11 @@ class CollectorSettings(TlsServerSettings):
     # (gRPC UNAVAILABLE): well inside the OTel exporter's 10 s deadline, so exporters retry.
     produce_timeout_s: float = Field(2.5, gt=0)
 
+    @property
+    def http_url(self) -> str:
+        """Where OTLP/HTTP exporters reach the collector (https when TLS is on)."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
+
     @field_validator("auth_tokens")
     @classmethod
     def _tokens_non_empty(cls, v: dict[str, str]) -> dict[str, str]:

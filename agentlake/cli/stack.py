@@ -74,7 +74,7 @@ def status(config: str | None = ConfigOption) -> None:
     rows = local.status(settings)
     g = settings.gateway
     spill = (
-        gateway_spill(f"http://{g.host}:{g.port}/health")
+        gateway_spill(f"{g.url}/health", verify=not g.tls)  # our own process: alive, not trusted
         if any(r.name == "gateway" and r.healthy for r in rows)
         else None
     )

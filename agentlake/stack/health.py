@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import ssl
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from schemas.config import KafkaSettings
+from schemas.config import KafkaSettings, TlsServerSettings
 
 
 def http_ok(url: str, *, timeout_s: float = 2.0) -> bool:
@@ -17,13 +20,46 @@ def http_ok(url: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def gateway_spill(url: str, *, timeout_s: float = 2.0) -> str | None:
+def server_ok(server: TlsServerSettings, url: str, *, timeout_s: float = 2.0) -> bool:
+    """``http_ok`` for a server of ours (collector, gateway) that may serve TLS.
+
+    The probe runs beside the process `agentlake up` started with that certificate, and asks only
+    whether it is alive, so it does not verify the certificate (its CA need not be on this host).
+    With client certificates required (``tls_client_cafile``) the probe has none to show: a
+    completed TLS handshake on the port is the answer.
+    """
+    if not server.tls:
+        return http_ok(url, timeout_s=timeout_s)
+    if server.tls_client_cafile:
+        parts = urlsplit(url)
+        return tls_handshake_ok(parts.hostname or "127.0.0.1", parts.port or 443, timeout_s=timeout_s)
+    try:
+        return httpx.get(url, timeout=timeout_s, verify=False).is_success
+    except httpx.HTTPError:
+        return False
+
+
+def tls_handshake_ok(host: str, port: int, *, timeout_s: float = 2.0) -> bool:
+    """True when ``host:port`` completes a TLS handshake (certificate not verified, none presented)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock, ctx.wrap_socket(sock):
+            return True
+    except ssl.SSLError as exc:
+        return "CERTIFICATE_REQUIRED" in exc.reason if exc.reason else False  # TLS 1.2: refused after hello
+    except OSError:
+        return False
+
+
+def gateway_spill(url: str, *, timeout_s: float = 2.0, verify: bool = True) -> str | None:
     """The gateway's spill as one line (calls waiting for Kafka, their bytes, calls dropped), from its /health.
 
     None when the gateway does not answer or reports no spill.
     """
     try:
-        r = httpx.get(url, timeout=timeout_s)
+        r = httpx.get(url, timeout=timeout_s, verify=verify)
         spill: Any = r.json().get("spill") if r.is_success else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None

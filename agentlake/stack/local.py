@@ -39,7 +39,7 @@ from agentlake.stack.broker import (
     port_free,
     wait_for_port,
 )
-from agentlake.stack.health import http_ok, kafka_ok
+from agentlake.stack.health import http_ok, kafka_ok, server_ok
 from agentlake.stack.processes import StackError
 from schemas.config import STACK_FILE_VERSION, Settings, stack_file
 from schemas.uris import normalize_uri
@@ -412,8 +412,8 @@ def up(
             settings,
             "collector",
             [sys.executable, "-m", "collectors"],
-            f"http://{c.host}:{c.http_port} grpc://{c.host}:{c.grpc_port}",
-            lambda: http_ok(f"http://{c.host}:{c.http_port}/health"),
+            f"{c.http_url} grpc://{c.host}:{c.grpc_port}",
+            lambda: server_ok(c, f"{c.http_url}/health"),
             env,
             60,
         )
@@ -428,8 +428,8 @@ def up(
                 settings,
                 "gateway",
                 [sys.executable, "-m", "collectors.gateway"],
-                f"http://{g.host}:{g.port}",
-                lambda: http_ok(f"http://{g.host}:{g.port}/health"),
+                g.url,
+                lambda: server_ok(g, f"{g.url}/health"),
                 {**env, "AGENTLAKE_GATEWAY__UPSTREAMS": f'["{settings.vllm.url}"]'},
                 60,
             )
@@ -527,28 +527,30 @@ def status(settings: Settings) -> list[PartStatus]:
         )
     rows.append(lake_status(settings))
     c, d, g, v = settings.collector, settings.dagster, settings.gateway, settings.vllm
-    probes = {
-        "collector": (f"http://{c.host}:{c.http_port}", f"http://{c.host}:{c.http_port}/health"),
-        "dagster": (f"http://{d.host}:{d.port}", f"http://{d.host}:{d.port}/server_info"),
-        "vllm": (v.url, f"{v.url}/health"),
-        "gateway": (f"http://{g.host}:{g.port}", f"http://{g.host}:{g.port}/health"),
+    probes: dict[str, tuple[str, Callable[[], bool] | None]] = {
+        "collector": (c.http_url, lambda: server_ok(c, f"{c.http_url}/health")),
+        "dagster": (f"http://{d.host}:{d.port}", None),
+        "vllm": (v.url, lambda: http_ok(f"{v.url}/health")),
+        "gateway": (g.url, lambda: server_ok(g, f"{g.url}/health")),
     }
-    for name, (address, url) in probes.items():
+    for name, (address, probe) in probes.items():
         if name == "dagster":
             rows.extend(_dagster_status(settings))
             continue
         proc = processes.read(sdir, name)
-        rows.append(_http_status(name, address, proc, url))
+        rows.append(_http_status(name, address, proc, probe))
     return rows
 
 
-def _http_status(name: str, address: str, proc: processes.ManagedProcess | None, url: str | None) -> PartStatus:
-    """A managed process's row: healthy when it runs and ``url`` (if any) answers 2xx."""
+def _http_status(
+    name: str, address: str, proc: processes.ManagedProcess | None, probe: str | Callable[[], bool] | None
+) -> PartStatus:
+    """A managed process's row: healthy when it runs and ``probe`` (a URL that answers 2xx, or a check) holds."""
     running = proc is not None and proc.is_running()
     detail = f"log: {proc.log}" if proc else "not started"
     if proc is not None and not running:
         detail = f"exited; log: {proc.log}"
-    healthy = running and (url is None or http_ok(url))
+    healthy = running and (probe is None or (http_ok(probe) if isinstance(probe, str) else probe()))
     return PartStatus(name, address, proc.pid if running and proc else None, healthy, detail)
 
 

@@ -188,3 +188,18 @@ def test_gateway_serves_https_with_client_certificates(
     r = httpx.post(url, json=call, verify=ctx, timeout=10)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "hi"
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mutual-tls"])
+def test_the_stacks_health_probe_speaks_tls(mutual: bool, tls: TlsFiles, tmp_path: Path, memory: MemorySink) -> None:
+    """`agentlake up` / `status` probe a collector serving TLS over TLS (before: plain http, never healthy)."""
+    from agentlake.stack.health import http_ok, server_ok
+
+    settings = tls_settings(tmp_path, tls, mutual=mutual)
+    with running_collector(settings, memory) as server:
+        c = settings.collector
+        c.http_port = server.http_port
+        assert c.http_url.startswith("https://")
+        assert server_ok(c, f"{c.http_url}/health")
+        assert not http_ok(f"http://{c.host}:{c.http_port}/health")  # what the probe did before
+    assert not server_ok(c, f"{c.http_url}/health")  # stopped: not healthy
