@@ -9,7 +9,6 @@ an attempt choice, a GRPO group, a baseline or a transition id.
 from __future__ import annotations
 
 import datetime as dt
-import fnmatch
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from pipelines.credit import (
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import TERMINAL
 from schemas import attributes as A
+from schemas.agent_filter import agent_mask
 from schemas.config import CreditSettings
 from schemas.tables import TRANSITIONS
 
@@ -49,13 +49,6 @@ def latest_terminal_attempts(traj: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     done = traj.filter(pl.col("status").is_in(TERMINAL))
     kept = done.sort("end_time", "updated_at", nulls_last=False).unique(keys.ROLLOUT, keep="last")
     return kept, done.height - kept.height
-
-
-def _agent_ok(pattern: str) -> pl.Expr:
-    if pattern in ("", "*"):
-        return pl.lit(True)
-    regex = fnmatch.translate(pattern).replace(r"\Z", "$")  # Rust regex spells end-of-text `$`
-    return pl.col("agent_name").fill_null("").str.contains(regex)
 
 
 def _step_rewards(rollout: dict[str, Any], ends: list[int]) -> tuple[list[float | None], bool]:
@@ -143,7 +136,7 @@ def build(
     calls = calls.with_columns(pl.coalesce("agent_name", "_agent0").alias("agent_name"))
 
     # --- agent filter
-    ok = calls.select(_agent_ok(credit.agent_pattern)).to_series()
+    ok = pl.Series(agent_mask(credit.agent_pattern, calls["agent_name"].to_arrow()))
     if (~ok).sum():
         res.dropped["agent_filtered"] += int((~ok).sum())
     calls = calls.filter(ok)

@@ -17,7 +17,6 @@ are trained; prompt tokens, observation tokens and padding are masked out.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import math
 import random
@@ -31,6 +30,7 @@ import torch
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from schemas.agent_filter import agent_mask, keeps_every_agent
 from schemas.uris import table_uri as _table_uri
 from trainer.errors import TrainerError
 from trainer.tables import open_table
@@ -85,10 +85,8 @@ def _filter_keys(
 ) -> pa.Table:
     if tenants and keys.num_rows:
         keys = keys.filter(pc.is_in(keys["tenant"], pa.array(list(tenants), pa.string())))
-    if agent is not None and keys.num_rows:
-        names = [n for n in pc.unique(keys["agent_name"]).to_pylist() if n is not None]
-        keep = [n for n in names if fnmatch.fnmatchcase(n, agent)]
-        keys = keys.filter(pc.is_in(keys["agent_name"], pa.array(keep, pa.string())))
+    if not keeps_every_agent(agent) and keys.num_rows:
+        keys = keys.filter(agent_mask(agent, keys["agent_name"]))
     if policy_versions is not None and keys.num_rows:
         keys = keys.filter(pc.is_in(keys["policy_version"], pa.array(list(policy_versions), pa.string())))
     if exclude_ids is not None and len(exclude_ids) and keys.num_rows:
