@@ -12,13 +12,13 @@ Importing this package never imports torch, vLLM or Dagster.
 """
 
 from agentlake._sdk.openai import instrument_openai, uninstrument_openai
+from agentlake._sdk.setup import init
 from agentlake._sdk.tracing import (
     Rollout,
     SdkError,
     current_rollout,
     emit_reward,
     flush,
-    init,
     reward,
     rollout,
     tracer_provider,

@@ -16,13 +16,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
 from schemas import attributes as A
 from schemas.errors import AgentlakeError
@@ -44,7 +42,7 @@ class _State:
     agent_name: str | None = None
 
 
-_state = _State()
+state = _State()
 
 
 @dataclass
@@ -78,7 +76,7 @@ class Rollout:
         ctx = self.span.get_span_context()
         if not self.rollout_id:
             self.rollout_id = format(ctx.trace_id, "032x")  # the design's default: trace id = rollout id
-        self.agent_name = self.agent_name or _state.agent_name
+        self.agent_name = self.agent_name or state.agent_name
         for k, v in self.stamp().items():
             self.span.set_attribute(k, v)
         self._otel_token = otel_context.attach(trace.set_span_in_context(self.span))
@@ -106,7 +104,7 @@ class Rollout:
 _current: contextvars.ContextVar[Rollout | None] = contextvars.ContextVar("agentlake_rollout", default=None)
 
 
-class _RolloutStamper(SpanProcessor):
+class RolloutStamper(SpanProcessor):
     """Puts the current rollout's ids on every span that starts inside it."""
 
     def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
@@ -120,62 +118,11 @@ class _RolloutStamper(SpanProcessor):
         return None
 
 
-def init(
-    endpoint: str | None = None,
-    *,
-    protocol: Literal["http", "grpc"] = "http",
-    service_name: str | None = None,
-    agent_name: str | None = None,
-    token: str | None = None,
-    exporter: SpanExporter | None = None,
-    batch: bool = True,
-    instrument_openai: bool = True,
-    set_global: bool = True,
-) -> TracerProvider:
-    """Send this process's spans to the agentlake collector.
-
-    ``endpoint`` is the collector's base URL (default ``$AGENTLAKE_ENDPOINT`` or
-    http://127.0.0.1:4318; for gRPC, host:port of port 4317). ``token`` becomes the bearer token
-    that maps to your tenant. ``exporter`` replaces the OTLP exporter (tests, other backends).
-    """
-    endpoint = (endpoint or os.environ.get("AGENTLAKE_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    if exporter is None:
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-            target = endpoint.split("://", 1)[-1]
-            exporter = GrpcExporter(endpoint=target, insecure=not endpoint.startswith("https"), headers=headers)
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-            exporter = HttpExporter(endpoint=f"{endpoint}/v1/traces", headers=headers)
-    resource = Resource.create(
-        {
-            A.SERVICE_NAME: service_name or agent_name or "agentlake-agent",
-            **({A.AGENT_NAME: agent_name} if agent_name else {}),
-        }
-    )
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(_RolloutStamper())
-    provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
-    if _state.provider is not None:
-        _state.provider.shutdown()
-    _state.provider, _state.endpoint, _state.headers, _state.agent_name = provider, endpoint, headers, agent_name
-    if set_global:
-        trace.set_tracer_provider(provider)
-    if instrument_openai:
-        from agentlake._sdk.openai import instrument_openai as _instrument
-
-        _instrument()
-    return provider
-
-
 def tracer_provider() -> TracerProvider:
     """The provider ``init`` installed; ``SdkError`` if ``init`` was not called."""
-    if _state.provider is None:
+    if state.provider is None:
         raise SdkError("call agentlake.init(...) before starting rollouts or emitting rewards")
-    return _state.provider
+    return state.provider
 
 
 def flush(timeout_s: float = 30.0) -> bool:
@@ -245,9 +192,9 @@ def emit_reward(
         "timestamp": time.time_ns(),
     }
     event = {k: v for k, v in event.items() if v is not None}
-    url = _state.endpoint if _state.provider is not None else (os.environ.get("AGENTLAKE_ENDPOINT") or DEFAULT_ENDPOINT)
+    url = state.endpoint if state.provider is not None else (os.environ.get("AGENTLAKE_ENDPOINT") or DEFAULT_ENDPOINT)
     try:
-        r = httpx.post(f"{url.rstrip('/')}/v1/rewards", json=event, headers=_state.headers, timeout=timeout_s)
+        r = httpx.post(f"{url.rstrip('/')}/v1/rewards", json=event, headers=state.headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise SdkError(f"could not send the reward to {url}: {exc}") from exc
     if r.status_code != 200:
