@@ -77,9 +77,13 @@ def load(path: str) -> Retokenizer:
 
 
 def tokenizer_dir(settings: Settings) -> str:
-    """The policy's tokenizer folder: the base model as a folder, else its pulled copy in the cache."""
+    """The policy's tokenizer folder: the base model's (``trainer.model_store.find_model``), or where a pull
+    will put it (``<cache_dir>/<name>``, not there yet)."""
+    from trainer.model_store import find_model
+
     base = settings.model.base
-    return base if os.path.isdir(base) else str(settings.model.cache_dir / base)
+    found = find_model(base, settings.model.cache_dir)
+    return str(found) if found is not None else str(settings.model.cache_dir / base)
 
 
 def policy_retokenizer(settings: Settings) -> Callable[[], Retokenizer | None]:

@@ -271,19 +271,31 @@ def _pull_known(name: str, cache_dir: Path, step: Step) -> ModelEntry:
     return _record(cache_dir, ModelEntry(name, str(target), "converted", known.requirement, _now()))
 
 
-def resolve_model(name_or_path: str, cache_dir: Path) -> Path:
-    """The folder for a pulled or registered name, a known name already pulled, or a model folder path."""
+def find_model(name_or_path: str, cache_dir: Path) -> Path | None:
+    """The one rule for where a model is (the trainer, vLLM and the retokenizer all ask it):
+    a pulled or registered name (the cache's index), a folder ``<cache_dir>/<name>``, or a folder path.
+    None when it is none of these yet."""
     cache_dir = Path(cache_dir).absolute()
     entry = read_index(cache_dir).get(name_or_path)
     if entry is not None and (entry.folder / "config.json").exists():
         return entry.folder
-    if name_or_path in KNOWN_MODELS and (cache_dir / name_or_path / "config.json").exists():
+    if name_or_path and (cache_dir / name_or_path / "config.json").exists():
         return cache_dir / name_or_path
     folder = Path(name_or_path).expanduser()
-    if folder.exists():
-        validate_model_folder(folder)
-        return folder.resolve()
-    raise ModelStoreError(f"model {name_or_path!r} is not in {cache_dir}; run `agentlake model pull {name_or_path}`")
+    return folder.resolve() if name_or_path and folder.exists() else None
+
+
+def resolve_model(name_or_path: str, cache_dir: Path) -> Path:
+    """``find_model``, or a ``ModelStoreError`` that says how to get it; a folder path must hold a model."""
+    found = find_model(name_or_path, cache_dir)
+    if found is None:
+        raise ModelStoreError(
+            f"model {name_or_path!r} is not in {Path(cache_dir).absolute()} and is not a folder: run "
+            f"`agentlake model pull {name_or_path}` or set model.base to a Hugging Face model folder"
+        )
+    if found == Path(name_or_path).expanduser().resolve():
+        validate_model_folder(found)
+    return found
 
 
 def ensure_model(name_or_path: str, cache_dir: Path, *, on_step: Step | None = None) -> Path:

@@ -59,17 +59,10 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def resolve_base_model(cfg: TrainConfig) -> Path:
-    """The base model's Hugging Face folder: ``base_model`` itself, or ``<model_dir>/<base_model>``."""
-    direct = Path(cfg.base_model).expanduser()
-    if direct.is_dir():
-        return direct
-    cached = Path(cfg.model_dir).expanduser() / cfg.base_model
-    if cached.is_dir():
-        return cached
-    raise TrainerError(
-        f"base model {cfg.base_model!r} not found (looked at {direct} and {cached}); "
-        f"run `agentlake model pull {cfg.base_model}` or set model.base to a Hugging Face model folder"
-    )
+    """The base model's Hugging Face folder (``trainer.model_store.resolve_model``: the one rule)."""
+    from trainer.model_store import resolve_model
+
+    return resolve_model(cfg.base_model, Path(cfg.model_dir).expanduser())
 
 
 def load_policy(cfg: TrainConfig, *, parent_path: str | None = None) -> tuple[torch.nn.Module, Any]:
