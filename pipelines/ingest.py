@@ -52,7 +52,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines.decode import KafkaRecord, decode_reward_event, decode_spans, quarantine_row, reward_rows_from_spans
-from pipelines.lake import Lake
+from pipelines.lake import Lake, unseen_offsets
 from pipelines.redact import Redactor, redact_spans
 from schemas.config import KafkaSettings, RedactionSettings
 from schemas.errors import LakeError, LogResetError
@@ -733,35 +733,19 @@ def extract_span_rewards(lake: Lake, spans_topic: str) -> int:
     spans = lake.table("spans")
     if spans is None:
         return 0
-    parts = sorted(
-        {int(p) for p in pl.scan_delta(spans).select("kafka_partition").unique().collect()["kafka_partition"]}
-    )
-    upto = {p: spans.transaction_version(app_id(spans_topic, p)) for p in parts}
     # read and committed on one snapshot: a concurrent copy of the same range makes this one fail
     target = lake.pin("rewards")
-    done = {a: target.transaction_version(a) for a in (span_rewards_app_id(spans_topic, p) for p in parts)}
-    cond = pl.lit(False)
-    txns: dict[str, int] = {}
-    for p in parts:
-        hi = upto[p]
-        lo = done[span_rewards_app_id(spans_topic, p)]
-        if hi is None or (lo is not None and lo >= hi):
-            continue
-        txns[span_rewards_app_id(spans_topic, p)] = hi
-        part = (pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= hi)
-        if lo is not None:
-            part = part & (pl.col("kafka_offset") > lo)
-        cond = cond | part
-    if not txns:
-        return 0
-    rows = (
-        pl.scan_delta(spans)
-        .filter(pl.col("kafka_topic") == spans_topic)
-        .filter(pl.col("reward_value").is_not_null())
-        .filter(cond)
-        .collect()
-        .to_arrow()
+    cond, txns = unseen_offsets(
+        spans,
+        spans_topic,
+        watermark=lambda p: app_id(spans_topic, p),
+        seen=lambda p: target.transaction_version(span_rewards_app_id(spans_topic, p)),
+        seen_app=lambda p: span_rewards_app_id(spans_topic, p),
     )
+    if cond is None:
+        return 0
+    rows = pl.scan_delta(spans).filter(pl.col("reward_value").is_not_null()).filter(cond).collect().to_arrow()
     data = reward_rows_from_spans(rows)
-    lake.write("rewards", data, txns=txns, snapshot=target, expect={a: done[a] for a in txns})
+    expect = {a: target.transaction_version(a) for a in txns}
+    lake.write("rewards", data, txns=txns, snapshot=target, expect=expect)
     return data.num_rows

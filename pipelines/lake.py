@@ -7,7 +7,7 @@ what makes reruns exactly-once: the table itself says what it already holds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -237,3 +237,43 @@ def sql_string(value: str) -> str:
 def in_list(column: str, values: list[str]) -> str:
     """``column IN ('a', 'b')`` with each value quoted."""
     return f"{column} IN ({', '.join(sql_string(v) for v in values)})"
+
+
+def unseen_offsets(
+    source: DeltaTable,
+    topic: str,
+    *,
+    watermark: Callable[[int], str],
+    seen: Callable[[int], int | None],
+    seen_app: Callable[[int], str],
+) -> tuple[pl.Expr | None, dict[str, int]]:
+    """The rows of a Kafka-fed ``source`` table from ``topic`` that a downstream reader has not read yet.
+
+    Per partition ``p``: offsets above ``seen(p)`` (what the reader committed under ``seen_app(p)``)
+    up to the source's own watermark (its app transaction ``watermark(p)``). Returns a row filter
+    (None: nothing new) and the watermarks the reader commits with what it builds from those rows.
+    The one watermark scan of the lake: the trajectories step and the copy of reward spans use it.
+    """
+    partitions = sorted(
+        pl.scan_delta(source)
+        .filter(pl.col("kafka_topic") == topic)
+        .select("kafka_partition")
+        .unique()
+        .collect()["kafka_partition"]
+        .to_list()
+    )
+    cond: pl.Expr | None = None
+    txns: dict[str, int] = {}
+    for p in partitions:
+        hi = source.transaction_version(watermark(p))
+        lo = seen(p)
+        if hi is None or (lo is not None and lo >= hi):
+            continue
+        txns[seen_app(p)] = hi
+        c = (pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= hi)
+        if lo is not None:
+            c = c & (pl.col("kafka_offset") > lo)
+        cond = c if cond is None else cond | c
+    if cond is not None:
+        cond = (pl.col("kafka_topic") == topic) & cond
+    return cond, txns

@@ -21,7 +21,8 @@ from deltalake import DeltaTable
 from pipelines import keys
 from pipelines.credit import TenantBaselines
 from pipelines.identity import resolve_rollouts
-from pipelines.lake import Lake
+from pipelines.ingest import app_id
+from pipelines.lake import Lake, unseen_offsets
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import assemble, empty_rewards
 from pipelines.transitions import build
@@ -54,22 +55,13 @@ def _offset_ranges(
     src = lake.table(source)
     if src is None:
         return None, {}
-    parts = pl.scan_delta(src).filter(pl.col("kafka_topic") == topic).select("kafka_partition").unique().collect()
-    cond: pl.Expr | None = None
-    txns: dict[str, int] = {}
-    for p in sorted(parts["kafka_partition"].to_list()):
-        hi = src.transaction_version(f"kafka:{topic}:{p}")
-        lo = lake.txn(target, f"{prefix}:{topic}:{p}")
-        if hi is None or (lo is not None and lo >= hi):
-            continue
-        txns[f"{prefix}:{topic}:{p}"] = hi
-        c = (pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= hi)
-        if lo is not None:
-            c = c & (pl.col("kafka_offset") > lo)
-        cond = c if cond is None else cond | c
-    if cond is not None:
-        cond = (pl.col("kafka_topic") == topic) & cond
-    return cond, txns
+    return unseen_offsets(
+        src,
+        topic,
+        watermark=lambda p: app_id(topic, p),
+        seen=lambda p: lake.txn(target, f"{prefix}:{topic}:{p}"),
+        seen_app=lambda p: f"{prefix}:{topic}:{p}",
+    )
 
 
 def update_trajectories(
