@@ -132,8 +132,10 @@ def test_rounds_read_from_s3_store_versions_in_the_bucket_and_resume_on_a_fresh_
 
 
 def test_a_fresh_cache_downloads_and_verifies_and_a_changed_object_is_refused_by_name(
-    object_store: ObjectStore, tiny_model_dir: Path, tmp_path: Path
+    object_store: ObjectStore, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # this host's state dir comes from its agentlake.toml below, not the session's AGENTLAKE_STATE_DIR
+    monkeypatch.delenv("AGENTLAKE_STATE_DIR", raising=False)
     root, opts = object_store.lake_root(), object_store.storage_options
     write_transitions(root, _rows(0, 4), storage_options=opts)
     trained = train_once(cfg=_config(root, opts, tiny_model_dir, tmp_path / "trainer-host" / "models"))
