@@ -83,6 +83,14 @@ def _gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, else None (the collector's and gateway's rule)."""
+    scheme, _, value = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return value.strip() or None
+
+
 @dataclass
 class Stats:
     """Counters a health endpoint and tests can read."""
@@ -129,11 +137,7 @@ class Collector:
     # --- auth ------------------------------------------------------------------------------------
     def tenant_for(self, authorization: str | None) -> str:
         """The tenant of a ``Bearer`` token; ``Unauthorized`` when auth is on and it is unknown."""
-        token = None
-        if authorization:
-            scheme, _, value = authorization.strip().partition(" ")
-            if scheme.lower() == "bearer" and value.strip():
-                token = value.strip()
+        token = bearer_token(authorization)
         tenant = self.settings.auth_tokens.get(token) if token else None
         if tenant is not None:
             return tenant

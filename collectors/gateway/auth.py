@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from collectors.service import Collector
+from collectors.service import Collector, bearer_token
 from collectors.sink import MemorySink
 from schemas.config import Settings
 
@@ -26,14 +26,6 @@ class Refusal:
 
     status: int
     message: str
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, else None."""
-    scheme, _, value = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return value.strip() or None
 
 
 class GatewayAuth:
