@@ -53,8 +53,8 @@ def materialize_all(
 
 def run_smoke_demo(settings: Settings, *, on_step: Callable[[str], None] = lambda _m: None) -> DemoReport:
     """up -> synthetic rollouts over OTLP -> Dagster assets -> DuckDB; the caller takes the stack down."""
-    from pipelines.lake import Lake
     from pipelines.query import list_tables, run_query
+    from schemas.lake import Lake
 
     started = time.monotonic()
     stack = local.up(settings, on_step=lambda part: on_step(f"starting {part}"))

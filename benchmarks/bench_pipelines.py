@@ -35,9 +35,9 @@ import polars as pl  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from pipelines.ingest import ingest  # noqa: E402
-from pipelines.lake import Lake  # noqa: E402
 from pipelines.steps import update_trajectories, update_transitions  # noqa: E402
 from schemas.config import CreditSettings, KafkaSettings  # noqa: E402
+from schemas.lake import Lake  # noqa: E402
 
 
 def _rss_mb() -> float:

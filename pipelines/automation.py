@@ -24,10 +24,10 @@ from dagster import (
 
 from pipelines.assets.policy import GPU_TAGS
 from pipelines.ingest import app_id, end_offsets_hint, make_consumer, positions
-from pipelines.lake import Lake
 from pipelines.resources import KafkaResource, LakeResource, TrainerResource
 from pipelines.retention import maintain
 from schemas.config import Settings
+from schemas.lake import Lake
 
 ingest_job = define_asset_job("ingest", selection=AssetSelection.groups("bronze"))
 lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold"))

@@ -27,9 +27,9 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties
 
-from pipelines.lake import Lake, in_list, sql_string
 from schemas import topics
 from schemas.errors import AgentlakeError
+from schemas.lake import Lake, in_list, sql_string
 from schemas.tables import DELETIONS
 
 # Tables a deletion reaches: every table that holds a tenant's data or ids of its rollouts.

@@ -52,10 +52,10 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines.decode import KafkaRecord, decode_reward_event, decode_spans, quarantine_row, reward_rows_from_spans
-from pipelines.lake import Lake, unseen_offsets
 from pipelines.redact import Redactor, redact_spans
 from schemas.config import KafkaSettings, RedactionSettings
 from schemas.errors import LakeError, LogResetError
+from schemas.lake import Lake, unseen_offsets
 from schemas.tables import QUARANTINE, REWARDS, TABLES
 
 Kind = Literal["spans", "rewards"]

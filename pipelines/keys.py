@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import polars as pl
 
-from pipelines.lake import sql_string
+from schemas.lake import sql_string
 from schemas.topics import DEFAULT_TENANT
 
 ROLLOUT = ["tenant", "rollout_id"]

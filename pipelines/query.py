@@ -22,7 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute is used below
 
-from pipelines.lake import Lake, sql_string
+from schemas.lake import Lake, sql_string
 from schemas.tables import TABLES
 
 QUERY_TABLES = tuple(TABLES)  # one view per table of schemas.tables (training_lineage included)

@@ -20,10 +20,10 @@ from typing import Any
 
 from dagster import ConfigurableResource, EnvVar
 
-from pipelines.lake import Lake
 from pipelines.retokenize import Retokenizer, load, tokenizer_dir
 from schemas.config import ENV_PREFIX, CreditSettings, KafkaSettings, Settings, load_settings
 from schemas.errors import ConfigError, LakeError
+from schemas.lake import Lake
 
 SECRET_ENV_PREFIX = "SECRET_AGENTLAKE_"
 # Storage options that are credentials (delta-rs / object_store keys): AWS_SECRET_ACCESS_KEY,

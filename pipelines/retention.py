@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pipelines.forget import Deletion, Selector, execute
-from pipelines.lake import VACUUM_RETENTION_HOURS, Lake
+from schemas.lake import VACUUM_RETENTION_HOURS, Lake
 from schemas.tables import TABLES
 
 

@@ -22,12 +22,12 @@ from pipelines import keys
 from pipelines.credit import TenantBaselines
 from pipelines.identity import resolve_rollouts
 from pipelines.ingest import app_id
-from pipelines.lake import Lake, unseen_offsets
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import assemble, empty_rewards
 from pipelines.transitions import build
 from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
+from schemas.lake import Lake, unseen_offsets
 
 TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
 TRAJ_VERSION = "trajectories.version"  # the `trajectories` version the transitions step last read

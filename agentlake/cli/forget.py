@@ -30,7 +30,7 @@ def forget(
     """
     from pipelines.forget import forget as run_forget
     from pipelines.forget import parse_before
-    from pipelines.lake import Lake
+    from schemas.lake import Lake
 
     if rollout is not None and before is not None:
         raise typer.BadParameter("give --rollout or --before, not both", param_hint="--before")

@@ -16,8 +16,8 @@ from rich.table import Table
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
 
 
-def _lake(config: str | None):  # noqa: ANN202 - returns pipelines.lake.Lake, imported lazily
-    from pipelines.lake import Lake
+def _lake(config: str | None):  # noqa: ANN202 - returns schemas.lake.Lake, imported lazily
+    from schemas.lake import Lake
 
     s = settings_or_exit(config)
     return s, Lake.from_settings(s)
@@ -102,8 +102,8 @@ def replay(
     config: str | None = ConfigOption,
 ) -> None:
     """Rebuild every table from Kafka into a fresh lake root."""
-    from pipelines.lake import Lake
     from pipelines.replay import replay as run_replay
+    from schemas.lake import Lake
 
     s = settings_or_exit(config)
     if not s.kafka.bootstrap_servers:

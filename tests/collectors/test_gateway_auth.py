@@ -31,11 +31,11 @@ from collectors.gateway.app import Gateway
 from collectors.gateway.server import GatewayServer
 from collectors.sink import MemorySink
 from pipelines.assets import all_assets
-from pipelines.lake import Lake
 from pipelines.resources import resources_from_settings
 from schemas import attributes as A
 from schemas import topics
 from schemas.config import Settings, load_settings
+from schemas.lake import Lake
 from tests.collectors.helpers import LoopThread, wait_until
 from tests.collectors.test_gateway import UPSTREAM, FakeVllm, client_for, settle, spans
 

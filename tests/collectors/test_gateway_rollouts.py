@@ -19,9 +19,9 @@ from dagster import materialize
 from collectors.gateway.server import GatewayServer
 from pipelines.assets import all_assets
 from pipelines.checks import all_checks
-from pipelines.lake import Lake
 from pipelines.resources import resources_from_settings
 from schemas.config import Settings
+from schemas.lake import Lake
 from tests.collectors.helpers import LoopThread, wait_until
 from tests.collectors.test_gateway import UPSTREAM, FakeVllm
 

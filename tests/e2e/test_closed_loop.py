@@ -35,8 +35,8 @@ def test_one_round_trains_publishes_and_serves_the_new_version(tmp_path: Path, m
     )
     try:
         report = run_closed_loop(settings, LoopPlan(rounds=1, tasks_per_round=2, samples_per_task=2, eval_tasks=2))
-        from pipelines.lake import Lake
         from pipelines.query import list_tables, run_query
+        from schemas.lake import Lake
         from trainer.registry import Registry
 
         rows = {t.name: t.rows for t in list_tables(Lake(settings.lake.root))}

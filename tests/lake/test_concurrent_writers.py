@@ -25,8 +25,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from agentlake.stack import objectstore
 from pipelines.ingest import app_id, ingest
-from pipelines.lake import Lake
 from schemas.config import Settings
+from schemas.lake import Lake
 from schemas.tables import SPANS
 from tests.objectstore import ObjectStore
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from agentlake.cli import app
 from pipelines.forget import DELETION_KEY, FORGET_TABLES, Selector, UnknownTenantError, execute, forget, frames_of, plan
-from pipelines.lake import Lake
 from schemas import topics
 from schemas.config import Settings
+from schemas.lake import Lake
 from schemas.storage import filesystem
 from schemas.tables import TABLES
 from tests.objectstore import ObjectStore

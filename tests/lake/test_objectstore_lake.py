@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 from pipelines.assets import all_assets
 from pipelines.checks import all_checks
-from pipelines.lake import Lake
 from pipelines.query import run_query, secret_params
 from pipelines.replay import replay
 from pipelines.resources import resources_from_settings
 from schemas.config import Settings
+from schemas.lake import Lake
 from schemas.storage import filesystem
 from schemas.tables import SPANS
 from tests.objectstore import ObjectStore

@@ -8,7 +8,6 @@ from pathlib import Path
 import polars as pl
 
 from pipelines.decode import KafkaRecord, decode_spans
-from pipelines.lake import Lake
 from pipelines.steps import (
     BASELINE_KEY,
     _group_chunks,
@@ -17,6 +16,7 @@ from pipelines.steps import (
     update_transitions,
 )
 from schemas.config import CreditSettings, KafkaSettings
+from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
 
 KAFKA = KafkaSettings(bootstrap_servers="unused:9092", spans_topic="s", rewards_topic="r")

@@ -8,9 +8,9 @@ from pathlib import Path
 import polars as pl
 
 from pipelines.decode import KafkaRecord, SpanBatch
-from pipelines.lake import Lake
 from pipelines.steps import update_trajectories
 from schemas.config import KafkaSettings
+from schemas.lake import Lake
 from tests.pipelines.otel import MS, Call, Rollout, encode, make_spans
 
 DAY_NS = 86_400_000 * MS

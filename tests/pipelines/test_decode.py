@@ -13,10 +13,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from pipelines.decode import KafkaRecord, SpanBatch, _any_value, _decode_pieces, _varints
 from pipelines.ingest import ingest
-from pipelines.lake import Lake
 from schemas import attributes as A
 from schemas import span_checks
 from schemas.config import Settings
+from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, encode, make_spans, produce, span_record
 
 

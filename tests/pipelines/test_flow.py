@@ -10,13 +10,13 @@ from typer.testing import CliRunner
 from pipelines.assets import all_assets
 from pipelines.automation import kafka_sensor
 from pipelines.checks import all_checks
-from pipelines.lake import Lake
 from pipelines.query import list_tables, run_query
 from pipelines.replay import replay
 from pipelines.resources import resources_from_settings
 from pipelines.trajectories import TERMINAL
 from pipelines.transitions import build
 from schemas.config import CreditSettings, Settings
+from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, reward_record, span_record
 
 pytestmark = pytest.mark.kafka

@@ -24,10 +24,10 @@ from opentelemetry.trace import set_span_in_context
 
 from pipelines.decode import KafkaRecord, decode_spans
 from pipelines.identity import resolve_rollouts
-from pipelines.lake import Lake
 from pipelines.steps import update_trajectories, update_transitions
 from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
+from schemas.lake import Lake
 from tests.pipelines.otel import MS, encode
 
 KAFKA = KafkaSettings(bootstrap_servers="unused:9092", spans_topic="s", rewards_topic="r")

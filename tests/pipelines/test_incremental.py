@@ -10,9 +10,9 @@ from typing import Any
 import polars as pl
 
 from pipelines.decode import KafkaRecord, decode_spans
-from pipelines.lake import Lake
 from pipelines.steps import _saved_baseline, update_trajectories, update_transitions
 from schemas.config import CreditSettings
+from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
 from tests.pipelines.test_identity import KAFKA, NOW
 

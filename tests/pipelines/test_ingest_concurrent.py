@@ -18,9 +18,9 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.ingest import app_id, extract_span_rewards, ingest
-from pipelines.lake import Lake
 from schemas.config import Settings
 from schemas.errors import ConcurrentWriteError
+from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record
 
 N_RECORDS = 800

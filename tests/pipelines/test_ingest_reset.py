@@ -18,9 +18,9 @@ from typer.testing import CliRunner, Result
 
 from agentlake.stack.broker import LocalBroker, ensure_topics
 from pipelines.ingest import accept_reset, app_id, ingest
-from pipelines.lake import Lake
 from schemas.config import KafkaSettings
 from schemas.errors import LogResetError
+from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, span_record
 from tests.topics import fresh_kafka
 

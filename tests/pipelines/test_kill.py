@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 from pipelines.ingest import ingest
-from pipelines.lake import Lake
 from schemas.config import Settings
+from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record
 
 pytestmark = pytest.mark.kafka
@@ -23,7 +23,7 @@ N_ROLLOUTS = 600
 CHILD = """
 import sys, time
 from pipelines.ingest import ingest
-from pipelines.lake import Lake
+from schemas.lake import Lake
 from schemas.config import KafkaSettings
 kafka = KafkaSettings.model_validate_json(sys.argv[2])
 # small batches and a pause after each commit, so the kill lands between and during commits

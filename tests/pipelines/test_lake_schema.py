@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from pipelines.lake import Lake
+from schemas.lake import Lake
 from schemas.tables import TRANSITIONS
 
 

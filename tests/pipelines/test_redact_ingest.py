@@ -15,10 +15,10 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from pipelines.ingest import app_id, fingerprint_id, ingest
-from pipelines.lake import Lake
 from pipelines.steps import update_trajectories
 from schemas import attributes as A
 from schemas.config import RedactionSettings, Settings
+from schemas.lake import Lake
 from schemas.tables import SPANS, schema_version
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record
 

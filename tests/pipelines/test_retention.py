@@ -12,11 +12,11 @@ from dagster import build_op_context
 
 from pipelines.automation import compact_and_vacuum
 from pipelines.forget import TIME_COLUMNS, honour, recorded
-from pipelines.lake import Lake
 from pipelines.resources import LakeResource
 from pipelines.retention import maintain
 from schemas.config import RETENTION_TABLES, load_settings
 from schemas.errors import ConfigError
+from schemas.lake import Lake
 from schemas.tables import TABLES
 
 NOW = dt.datetime(2026, 11, 23, 3, 0, tzinfo=dt.UTC)

@@ -23,9 +23,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from pipelines.credit import RunningBaseline
 from pipelines.ingest import ingest
-from pipelines.lake import Lake
 from pipelines.steps import REMOVED_KEY, _removed_rollouts, update_trajectories, update_transitions
 from schemas.config import CreditSettings, Settings, load_settings
+from schemas.lake import Lake
 from schemas.tables import TRAJECTORIES
 from tests.pipelines.otel import MS, Call, Rollout, make_spans, produce, reward_record, span_record
 from trainer.config import config_from_settings

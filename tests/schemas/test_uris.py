@@ -63,7 +63,7 @@ def test_same_location_and_errors() -> None:
 
 def test_every_layer_names_a_table_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pipelines (Lake.uri), the trainer's reader, the registry and the lineage table agree on each spelling."""
-    from pipelines.lake import Lake
+    from schemas.lake import Lake
     from trainer.data import table_uri as trainer_table_uri
     from trainer.registry import Registry
 

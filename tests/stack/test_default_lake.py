@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from agentlake.stack import local, objectstore
 from agentlake.stack.broker import free_port
-from pipelines.lake import Lake
 from schemas.config import STACK_FILE_VERSION, load_settings, stack_file
 from schemas.errors import LakeError
+from schemas.lake import Lake
 from schemas.tables import SPANS
 from tests.objectstore import ObjectStore
 

@@ -57,7 +57,7 @@ def _compact_and_vacuum(lake: Path) -> None:
 
 def _rewrite_groups(lake: Path, rows: list[dict[str, Any]], groups: list[str]) -> int:
     """What `pipelines.steps.update_transitions` does to a recomputed group: overwrite it with a predicate."""
-    from pipelines.lake import Lake, in_list
+    from schemas.lake import Lake, in_list
 
     table = pa.Table.from_pylist(rows, schema=TRANSITIONS)
     return Lake(str(lake)).write("transitions", table, mode="overwrite", predicate=in_list("group_id", groups))
@@ -116,8 +116,8 @@ def test_a_group_rewrite_of_trained_transitions_trains_only_its_new_rows(
 def test_over_several_versions_each_transition_is_consumed_once_and_lineage_joins_in_sql(
     lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]]
 ) -> None:
-    from pipelines.lake import Lake
     from pipelines.query import run_query
+    from schemas.lake import Lake
 
     cfg = _cfg(lake, tiny_model_dir, lake.parent / "models")
     write_transitions(lake, _rows(tokens, range(0, 5)))
