@@ -67,7 +67,7 @@ def _merge(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     out: list[dict[str, Any]] = []
     mismatches = 0
     for row in rows:
-        if out and out[-1]["_rk"] == row["_rk"]:
+        if out and out[-1]["_attempt"] == row["_attempt"]:
             prev = out[-1]
             full = prev["prompt_ids"] + prev["response_ids"]
             if row["prompt_ids"][: len(full)] == full:
@@ -112,13 +112,13 @@ def build(
 
     kept = kept.with_columns(
         # the rollout attempt as one string (the unit steps, merging and advantages are computed over)
-        keys.attempt_key().alias("_rk"),
+        keys.attempt_key().alias("_attempt"),
         pl.coalesce("task_id", "rollout_id").alias("group_id"),
         pl.col("agents").list.first().alias("_agent0"),
     )
     calls = (
         kept.select(
-            "_rk",
+            "_attempt",
             "rollout_id",
             "attempt_id",
             "tenant",
@@ -172,21 +172,23 @@ def build(
             res.dropped["no_tokens" if tok else "no_tokens_no_tokenizer"] += missing
         calls = pl.concat([calls.filter(exact), filled.filter(pl.col("response_ids").is_not_null())])
     calls = calls.filter(pl.col("response_ids").list.len() > 0)
-    calls = calls.sort("_rk", "step")
+    calls = calls.sort("_attempt", "step")
 
     # --- per-step rewards (first-occurrence matching, as Agent Lightning does)
     if mode == "per_step":
-        ends = calls.group_by("_rk", maintain_order=True).agg(pl.col("end_time").dt.epoch("us").fill_null(0))
-        by_rk = {r["_rk"]: r for r in kept.select("_rk", "rewards", "final_reward").iter_rows(named=True)}
+        ends = calls.group_by("_attempt", maintain_order=True).agg(pl.col("end_time").dt.epoch("us").fill_null(0))
+        by_attempt = {
+            r["_attempt"]: r for r in kept.select("_attempt", "rewards", "final_reward").iter_rows(named=True)
+        }
         step_rewards: list[float | None] = []
         final_matched: dict[str, bool] = {}
-        for rk, e in ends.iter_rows():
-            m, fm = _step_rewards(by_rk[rk], list(e))
+        for attempt, e in ends.iter_rows():
+            m, fm = _step_rewards(by_attempt[attempt], list(e))
             step_rewards.extend(m)
-            final_matched[rk] = fm
+            final_matched[attempt] = fm
         calls = calls.with_columns(
             pl.Series("step_reward", step_rewards, pl.Float64),
-            pl.col("_rk").replace_strict(final_matched, return_dtype=pl.Boolean).alias("_final_matched"),
+            pl.col("_attempt").replace_strict(final_matched, return_dtype=pl.Boolean).alias("_final_matched"),
         )
     else:
         calls = calls.with_columns(pl.lit(None, pl.Float64).alias("step_reward"), pl.lit(False).alias("_final_matched"))
@@ -212,8 +214,8 @@ def build(
 
     # --- credit: positions 0..T-1 over the transitions that remain
     calls = calls.rename({"step": "_call_step"}).with_columns(
-        pl.int_range(pl.len(), dtype=pl.Int32).over("_rk").alias("step"),
-        pl.len().over("_rk").alias("n_steps"),
+        pl.int_range(pl.len(), dtype=pl.Int32).over("_attempt").alias("step"),
+        pl.len().over("_attempt").alias("n_steps"),
     )
     calls = assign_credit(calls, mode, credit.gamma)
     if adv_mode == "running_baseline" and res.baseline is None:
@@ -226,7 +228,7 @@ def build(
         baseline=res.baseline,
         known_baselines=known_baselines,
     )
-    res.rollouts = calls["_rk"].n_unique()
+    res.rollouts = calls["_attempt"].n_unique()
     out = calls.with_columns(
         keys.transition_id(("tenant", "rollout_id", "attempt_id", "_call_step")).alias("transition_id"),
         pl.col("_call_step").alias("step"),
