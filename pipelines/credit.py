@@ -112,7 +112,7 @@ class TenantBaselines:
 def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.DataFrame:
     """Add ``reward``, ``return``, ``weight`` and ``score`` to calls.
 
-    ``calls`` needs: rollout key columns ``_rk``, ``step`` (0..T-1), ``n_steps``, ``final_reward``
+    ``calls`` needs: rollout key columns ``_attempt``, ``step`` (0..T-1), ``n_steps``, ``final_reward``
     and, for per_step, ``step_reward`` (nullable).
     """
     last = pl.col("step") == pl.col("n_steps") - 1
@@ -127,7 +127,7 @@ def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.Dat
         w = pl.lit(gamma).pow(k) if gamma > 0 else last.cast(pl.Float64)
         return calls.with_columns(reward=pl.when(last).then(R).otherwise(0.0), **{"return": R * w}, weight=w, score=R)
     if mode == "per_step":
-        matched_final = (pl.col("step_reward").is_not_null() & pl.col("_final_matched")).any().over("_rk")
+        matched_final = (pl.col("step_reward").is_not_null() & pl.col("_final_matched")).any().over("_attempt")
         r = pl.col("step_reward").fill_null(0.0) + pl.when(last & ~matched_final).then(R).otherwise(0.0)
         df = calls.with_columns(r.alias("reward"))
         if gamma == 0:
@@ -135,11 +135,11 @@ def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.Dat
         else:
             # G_t = Σ_{k≥t} γ^(k-t) r_k = γ^-t · (reverse cumulative sum of γ^k r_k)
             gk = pl.lit(gamma).pow(pl.col("step").cast(pl.Float64))
-            df = df.sort("_rk", "step").with_columns(
-                ((pl.col("reward") * gk).cum_sum(reverse=True).over("_rk") / gk).alias("return")
+            df = df.sort("_attempt", "step").with_columns(
+                ((pl.col("reward") * gk).cum_sum(reverse=True).over("_attempt") / gk).alias("return")
             )
         return df.with_columns(
-            weight=pl.lit(1.0), score=pl.col("return").filter(pl.col("step") == 0).first().over("_rk")
+            weight=pl.lit(1.0), score=pl.col("return").filter(pl.col("step") == 0).first().over("_attempt")
         )
     raise ValueError(f"unknown credit mode {mode!r}; expected identical, discounted, per_step or last_only")
 
@@ -165,10 +165,10 @@ def advantages(
     holds what rollouts seen before were compared with: they keep it, and only rollouts new to it
     advance the running value, so recomputing a group never counts a rollout twice.
     """
-    rid = pl.col("rollout_id") if "rollout_id" in calls.columns else pl.col("_rk").alias("rollout_id")
+    rid = pl.col("rollout_id") if "rollout_id" in calls.columns else pl.col("_attempt").alias("rollout_id")
     tenant = pl.col("tenant") if "tenant" in calls.columns else pl.lit(DEFAULT_TENANT).alias("tenant")
     group = ["tenant", "group_id"]
-    rollouts = calls.group_by("_rk").agg(
+    rollouts = calls.group_by("_attempt").agg(
         rid.first(), tenant.first(), pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first()
     )
     if mode == "grpo":
@@ -195,7 +195,7 @@ def advantages(
     elif mode == "running_baseline":
         state = baseline if baseline is not None else TenantBaselines()
         known = known_baselines or {}
-        rollouts = rollouts.sort("_order", "_rk")
+        rollouts = rollouts.sort("_order", "_attempt")
         keys = zip(rollouts["tenant"].to_list(), rollouts["rollout_id"].to_list(), strict=True)
         b = [
             known[key] if key in known else _state_of(state, key[0]).advance(s)
@@ -206,7 +206,7 @@ def advantages(
         rollouts = rollouts.with_columns(pl.lit(0.0).alias("_b"), pl.lit(1.0).alias("_s"))
     else:
         raise ValueError(f"unknown advantage mode {mode!r}; expected grpo, rloo, running_baseline or none")
-    df = calls.join(rollouts.select("_rk", "_b", "_s"), on="_rk")
+    df = calls.join(rollouts.select("_attempt", "_b", "_s"), on="_attempt")
     if per_step:
         adv = (pl.col("return") - pl.col("_b")) / pl.col("_s")
     else:

@@ -17,7 +17,7 @@ def calls(rollouts: list[tuple[str, str, float, list[float | None]]]) -> pl.Data
         for i, r in enumerate(step_rewards):
             rows.append(
                 {
-                    "_rk": rk,
+                    "_attempt": rk,
                     "group_id": group,
                     "final_reward": final,
                     "step": i,
@@ -35,7 +35,7 @@ SD = math.sqrt(0.5)  # sample std of {1, 0}
 
 
 def col(df: pl.DataFrame, rk: str, name: str) -> list[float]:
-    return df.filter(pl.col("_rk") == rk).sort("step")[name].to_list()
+    return df.filter(pl.col("_attempt") == rk).sort("step")[name].to_list()
 
 
 def approx(xs: list[float]) -> object:
