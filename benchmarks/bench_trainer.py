@@ -128,8 +128,9 @@ def plain(base: torch.nn.Module, cfg: TrainConfig, rows: pa.Table) -> list[float
 def publish_latency(base: torch.nn.Module, cfg: TrainConfig, url: str, served_name: str) -> tuple[float, float]:
     """(publish call seconds, checkpoint -> first served completion seconds) for a fresh adapter."""
     from trainer.checkpoints import save_checkpoint
-    from trainer.publish import Publisher, VllmClient
+    from trainer.publish import Publisher
     from trainer.registry import Registry
+    from trainer.vllm_client import VllmClient
 
     lake = Path(tempfile.mkdtemp(prefix="bench-publish-"))
     model = with_lora(base, cfg, cfg.seed + 1)

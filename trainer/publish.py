@@ -20,12 +20,14 @@ not train the version, and a changed or corrupt stored file is refused by name.
 Failure: nothing about serving changes (an in-place load that failed is followed by re-loading
 the serving version's folder), the row becomes ``failed`` with the error, a ``failed`` release
 event goes out, and ``PublishError`` is raised. Rollback re-loads the previous version's folder.
+
+The parts it calls live apart: trainer.vllm_client (the vLLM endpoints), trainer.eval_gate (the
+held-out tasks and their score), trainer.gateway_pause and trainer.releases (the Kafka event).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,162 +35,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from schemas import topics
 from schemas.config import KafkaSettings, Settings
-from schemas.tables import MODEL_RELEASE_EVENT, schema_version
-from schemas.validation import validate_record
 from trainer.artifacts import local_copy
 from trainer.errors import ArtifactError, PublishError, RegistryError
+from trainer.eval_gate import EvalTask, score
+from trainer.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
 from trainer.registry import Registry
+from trainer.releases import release_event, send_release_event
+from trainer.vllm_client import VllmClient
 
 log = logging.getLogger(__name__)
 
-GATEWAY_PAUSE = "/admin/pause"
-GATEWAY_RESUME = "/admin/resume"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-# --- vLLM over HTTP ----------------------------------------------------------------------------
-class VllmClient:
-    """The few vLLM endpoints publishing needs; errors become ``PublishError`` with vLLM's message."""
-
-    def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
-        self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
-
-    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        try:
-            resp = self.http.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise PublishError(f"vLLM at {self.url} unreachable ({type(exc).__name__}: {exc})") from exc
-        if resp.status_code >= 400:
-            raise PublishError(f"vLLM {path} answered {resp.status_code}: {resp.text[:500]}")
-        return resp
-
-    def models(self) -> list[dict[str, Any]]:
-        try:
-            resp = self.http.get("/v1/models")
-        except httpx.HTTPError as exc:
-            raise PublishError(f"vLLM at {self.url} unreachable ({type(exc).__name__}: {exc})") from exc
-        try:
-            resp.raise_for_status()
-            return list(resp.json()["data"])
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            raise PublishError(f"vLLM at {self.url}: cannot list models ({exc})") from exc
-
-    def load_lora(self, name: str, path: str, *, inplace: bool = True) -> None:
-        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})
-
-    def unload_lora(self, name: str) -> None:
-        self._post("/v1/unload_lora_adapter", {"lora_name": name})
-
-    def complete(self, model: str, prompt: str, *, max_tokens: int = 32, temperature: float = 0.0) -> str:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
-        return str(self._post("/v1/completions", body).json()["choices"][0]["text"])
-
-    def healthy(self) -> bool:
-        try:
-            return self.http.get("/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def close(self) -> None:
-        self.http.close()
-
-
-# --- evaluation gate ---------------------------------------------------------------------------
-@dataclass
-class EvalTask:
-    prompt: str
-    answer: str  # the completion must contain it
-
-
-def load_eval_tasks(path: str | Path) -> list[EvalTask]:
-    """Held-out tasks, one JSON object per line: {"prompt": ..., "answer": ...}."""
-    tasks = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            obj = json.loads(line)
-            if not isinstance(obj.get("prompt"), str) or not isinstance(obj.get("answer"), str):
-                raise PublishError(f"{path}:{i}: each line needs string fields 'prompt' and 'answer'")
-            tasks.append(EvalTask(obj["prompt"], obj["answer"]))
-    return tasks
-
-
-def score(client: VllmClient, model: str, tasks: Sequence[EvalTask], *, max_tokens: int = 64) -> float:
-    """Fraction of tasks whose greedy completion contains the answer."""
-    if not tasks:
-        return 0.0
-    hits = sum(t.answer in client.complete(model, t.prompt, max_tokens=max_tokens) for t in tasks)
-    return hits / len(tasks)
-
-
-# --- gateway and Kafka -------------------------------------------------------------------------
-def gateway_call(gateway_url: str | None, path: str, *, headers: Mapping[str, str] | None = None) -> bool:
-    """Pause or resume the gateway; a gateway that is absent or lacks the endpoint is tolerated.
-
-    ``headers`` carry the gateway's admin token (``gateway.admin_token``): a locked gateway answers
-    ``/admin/*`` with 401/403 without it, and publishing then goes on unpaused (logged).
-    """
-    if not gateway_url:
-        return False
-    try:
-        resp = httpx.post(f"{gateway_url.rstrip('/')}{path}", headers=dict(headers or {}), timeout=10.0)
-    except httpx.HTTPError as exc:
-        log.warning("gateway %s%s not reachable (%s); publishing without it", gateway_url, path, exc)
-        return False
-    if resp.status_code >= 400:
-        log.warning("gateway %s%s answered %d; publishing without it", gateway_url, path, resp.status_code)
-        return False
-    return True
-
-
-def release_event(row: dict[str, Any], status: str, *, served_name: str, error: str | None = None) -> dict[str, Any]:
-    """A ``MODEL_RELEASE_EVENT`` for a registry row, validated against the schema."""
-    event = {
-        "version": row["version"],
-        "served_name": served_name,
-        "base_model": row["base_model"],
-        "kind": row["kind"],
-        "path": row["path"],
-        "parent_version": row["parent_version"],
-        "status": status,
-        "timestamp": dt.datetime.now(dt.UTC),
-        "error": error,
-    }
-    return validate_record(event, MODEL_RELEASE_EVENT)
-
-
-def send_release_event(kafka: KafkaSettings | None, event: dict[str, Any]) -> str | None:
-    """Produce the event on the models topic; returns an error text instead of raising (serving changed)."""
-    if kafka is None or not kafka.bootstrap_servers.strip():
-        return "no Kafka configured"
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaError
-
-    value = json.dumps(event, default=lambda v: v.isoformat() if isinstance(v, dt.datetime) else str(v))
-    headers = [
-        (topics.HEADER_SCHEMA_VERSION, str(schema_version(MODEL_RELEASE_EVENT)).encode()),
-        (topics.HEADER_CONTENT_TYPE, topics.JSON_CONTENT_TYPE.encode()),
-        (topics.HEADER_TENANT, topics.DEFAULT_TENANT.encode()),
-    ]
-    try:
-        producer = KafkaProducer(**kafka.client_config(role="producer"), acks="all", request_timeout_ms=15_000)
-        try:
-            producer.send(
-                kafka.models_topic, key=event["served_name"].encode(), value=value.encode(), headers=headers
-            ).get(timeout=20)
-        finally:
-            producer.close(timeout=5)
-    except KafkaError as exc:
-        log.warning("release event for %s not sent: %s", event["version"], exc)
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-# --- publish and rollback ----------------------------------------------------------------------
 @dataclass
 class PublishResult:
     version: str

@@ -126,7 +126,8 @@ def publish(
     config: str | None = ConfigOption,
 ) -> None:
     """Hot-load a LoRA version into vLLM (or restart it on full weights) and announce it."""
-    from trainer.publish import Publisher, load_eval_tasks
+    from trainer.eval_gate import load_eval_tasks
+    from trainer.publish import Publisher
 
     settings = settings_or_exit(config)
     pub = Publisher.from_settings(

@@ -23,10 +23,11 @@ from tests.trainer.helpers import transition, write_transitions
 from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint
 from trainer.config import TrainConfig
-from trainer.publish import Publisher, VllmClient
+from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.run import train_once
 from trainer.train import load_policy
+from trainer.vllm_client import VllmClient
 
 PROMPT = "The capital of France is"
 TARGET = " banana banana banana banana"

@@ -1,0 +1,60 @@
+"""The few vLLM endpoints publishing needs: list models, load/unload a LoRA adapter, complete, health.
+
+One small synchronous client over httpx, so the publisher and the evaluation gate speak to vLLM
+the same way; every failure becomes ``PublishError`` with vLLM's own message (serving is unchanged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from trainer.errors import PublishError
+
+
+class VllmClient:
+    """The few vLLM endpoints publishing needs; errors become ``PublishError`` with vLLM's message."""
+
+    def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            resp = self.http.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise PublishError(f"vLLM at {self.url} unreachable ({type(exc).__name__}: {exc})") from exc
+        if resp.status_code >= 400:
+            raise PublishError(f"vLLM {path} answered {resp.status_code}: {resp.text[:500]}")
+        return resp
+
+    def models(self) -> list[dict[str, Any]]:
+        try:
+            resp = self.http.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise PublishError(f"vLLM at {self.url} unreachable ({type(exc).__name__}: {exc})") from exc
+        try:
+            resp.raise_for_status()
+            return list(resp.json()["data"])
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise PublishError(f"vLLM at {self.url}: cannot list models ({exc})") from exc
+
+    def load_lora(self, name: str, path: str, *, inplace: bool = True) -> None:
+        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})
+
+    def unload_lora(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", {"lora_name": name})
+
+    def complete(self, model: str, prompt: str, *, max_tokens: int = 32, temperature: float = 0.0) -> str:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+        return str(self._post("/v1/completions", body).json()["choices"][0]["text"])
+
+    def healthy(self) -> bool:
+        try:
+            return self.http.get("/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        self.http.close()
