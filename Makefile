@@ -5,7 +5,7 @@ venv:
 	@bash scripts/bootstrap.sh
 
 demo: venv
-	@.venv/bin/python -m agentlake demo
+	@.venv/bin/python -m examples.closed_loop
 
 test: venv
 	@bash scripts/test.sh

@@ -1,65 +1,71 @@
-"""`agentlake demo`: the README's main command."""
+"""`agentlake demo`: the README's main command, a launcher for the closed-loop demo.
+
+The demo drives an example agent, so it lives with the examples (``examples/closed_loop``) and runs
+from a source checkout: this command finds that checkout (next to the installed ``agentlake``
+package, else the working directory) and runs ``python -m examples.closed_loop`` there with the
+same options, in the working directory (where ``agentlake.toml`` and ``.agentlake`` are). Its exit
+code is the demo's; on Ctrl-C the demo stops the stack before it exits, and this command waits for it.
+"""
 
 from __future__ import annotations
 
-import pyarrow as pa
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import typer
-from rich.table import Table
 
-from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
-from agentlake.stack import local
+import agentlake
+from agentlake.cli.app import ConfigOption, app, err_console
 
-
-def _arrow_table(title: str, data: pa.Table) -> Table:
-    table = Table(title=title)
-    for name in data.column_names:
-        table.add_column(name)
-    for row in data.to_pylist():
-        table.add_row(*("-" if v is None else str(v) for v in row.values()))
-    return table
+DEMO_MODULE = "examples.closed_loop"
 
 
-def _smoke(settings) -> None:  # noqa: ANN001 - Settings
-    from agentlake.demo import run_smoke_demo
-
-    with console.status("starting") as spinner:
-        report = run_smoke_demo(settings, on_step=lambda msg: spinner.update(msg))
-    console.print(f"[green]sent[/] {report.rollouts_sent} rollouts through the collector")
-    console.print(_arrow_table("lake tables", report.tables))
-    console.print(_arrow_table("reward by task (DuckDB over trajectories)", report.reward_by_task))
-    console.print(f'done in {report.seconds:.0f}s; query more with: .venv/bin/agentlake query "SQL"')
+def checkout_root() -> Path | None:
+    """The source checkout holding ``examples/closed_loop``: beside the package, else the working directory."""
+    for root in (Path(agentlake.__file__).resolve().parents[1], Path.cwd()):
+        if (root / "examples" / "closed_loop" / "__main__.py").is_file():
+            return root
+    return None
 
 
-def _loop(settings, plan) -> None:  # noqa: ANN001 - Settings, LoopPlan
-    from agentlake.loop import run_closed_loop
+def demo_argv(
+    *, smoke: bool, rounds: int, tasks: int, samples: int, eval_tasks: int, seed: int, lr: float, config: str | None
+) -> list[str]:
+    """The demo module's command line for these options (``-P``: the working directory stays off its path)."""
+    argv = [sys.executable, "-P", "-m", DEMO_MODULE]
+    argv += ["--rounds", str(rounds), "--tasks", str(tasks), "--samples", str(samples)]
+    argv += ["--eval-tasks", str(eval_tasks), "--seed", str(seed), "--lr", repr(lr)]
+    if smoke:
+        argv.append("--smoke")
+    if config is not None:
+        argv += ["--config", config]
+    return argv
 
-    with console.status("starting") as spinner:
-        report = run_closed_loop(
-            settings, plan, on_step=lambda msg: (spinner.update(msg), console.log(msg)), on_progress=spinner.update
-        )
-    table = Table(title="reward per round")
-    for col in ("round", "served by", "rollouts", "mean reward", "trained", "loss", "seconds"):
-        table.add_column(col)
-    for r in report.rounds:
-        table.add_row(
-            str(r.round),
-            r.policy_version,
-            str(r.rollouts),
-            f"{r.mean_reward:.3f}",
-            r.trained_version or "-",
-            "-" if r.loss is None else f"{r.loss:.4f}",
-            f"{r.seconds:.0f}",
-        )
-    console.print(table)
-    console.print(
-        f"held-out mean reward on {report.eval_tasks} tasks: before {report.eval_before:.3f}, "
-        f"after {report.eval_after:.3f} ({report.eval_after - report.eval_before:+.3f})"
-    )
-    console.print(f"reward curve: {report.plot}   total {report.seconds / 60:.1f} min")
+
+def run_demo(argv: list[str], root: Path) -> int:
+    """Run the demo with ``root`` first on its path and return its exit code (128 + N when signal N ended it).
+
+    A Ctrl-C at the terminal reaches the whole foreground process group, the demo included: the demo
+    stops the stack and exits, and this process only waits for it (a second copy of the signal would
+    interrupt that clean-up). A SIGTERM sent to this process is passed on as a Ctrl-C.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen(argv, env=env)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, lambda _sig, _frame: None)
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: proc.send_signal(signal.SIGINT))
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
 
 
 @app.command()
-@handle_errors
 def demo(
     smoke: bool = typer.Option(False, "--smoke", help="Only the data path: synthetic traces, no model."),
     rounds: int = typer.Option(4, min=1, help="Training rounds."),
@@ -71,24 +77,22 @@ def demo(
     config: str | None = ConfigOption,
 ) -> None:
     """Run the closed loop: agents act, Dagster trains, vLLM serves the new policy; stop everything after."""
-    settings = settings_or_exit(config)
-    try:
-        if smoke:
-            _smoke(settings)
-        else:
-            from agentlake.loop import LoopPlan
-
-            _loop(
-                settings,
-                LoopPlan(
-                    rounds=rounds,
-                    tasks_per_round=tasks,
-                    samples_per_task=samples,
-                    eval_tasks=eval_tasks,
-                    seed=seed,
-                    learning_rate=lr,
-                ),
-            )
-    finally:
-        stopped = local.down(settings)
-        console.print(f"stopped: {', '.join(stopped) or 'nothing'}")
+    root = checkout_root()
+    if root is None:
+        err_console.print(
+            "[bold red]error:[/] the demo runs from a source checkout of agentlake (it drives the example agents "
+            "in examples/, which the package does not ship): clone the repository and run `make demo` or "
+            "`agentlake demo` there"
+        )
+        raise typer.Exit(2)
+    argv = demo_argv(
+        smoke=smoke,
+        rounds=rounds,
+        tasks=tasks,
+        samples=samples,
+        eval_tasks=eval_tasks,
+        seed=seed,
+        lr=lr,
+        config=config,
+    )
+    raise typer.Exit(run_demo(argv, root))

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agentlake.loop import LoopPlan, run_closed_loop
 from agentlake.stack import local
 from agentlake.stack.broker import free_port
+from examples.closed_loop.loop import LoopPlan, run_closed_loop
 from schemas.config import load_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -43,7 +43,7 @@ def test_one_round_trains_publishes_and_serves_the_new_version(tmp_path: Path, m
         assert rows["spans"] > 0 and rows["trajectories"] >= 4 and rows["transitions"] >= 4, rows
         [record] = report.rounds
         assert record.policy_version == "v0001" and record.trained_version == "v0002"
-        registry = Registry(settings.lake.root)
+        registry = Registry(Lake(settings.lake.root))
         assert registry.serving()["version"] == "v0002"
         assert registry.get("v0002")["parent_version"] == "v0001"
 
@@ -55,7 +55,7 @@ def test_one_round_trains_publishes_and_serves_the_new_version(tmp_path: Path, m
         gateway = f"http://{settings.gateway.host}:{settings.gateway.port}"
         run_batch(gateway, make_tasks(1, seed=99, prefix="after"), model=settings.model.served_name)
         agentlake.flush()
-        from agentlake.demo import materialize_all
+        from examples.closed_loop.assets import materialize_all
 
         materialize_all(settings, local.bootstrap_servers(settings) or "", select="spans")
         versions = (

@@ -1,20 +1,27 @@
-"""A smoke round through the running stack, with no model: synthetic agent traces in, tables out.
+"""The smoke round (``--smoke``): bring the stack up, push synthetic traces through it, no model.
 
-Used by the main command until (and besides) the closed-loop demo: it proves the whole data path
-(OTel SDK exporter -> collector -> Kafka -> Dagster assets -> Delta -> DuckDB) on the real parts.
+It proves every hop of the data path on the real parts (OTel SDK exporter -> collector -> Kafka ->
+Dagster assets -> Delta -> DuckDB) and leaves queryable tables behind. The asset run goes through
+the same Dagster instance (``DAGSTER_HOME``) that `dagster dev` serves, so it shows up in the UI.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from agentlake.stack import local
+from examples.closed_loop.assets import materialize_all
 from schemas import attributes as attr
 from schemas.config import Settings
 
@@ -25,6 +32,46 @@ class SyntheticRollout:
     task_id: str
     reward: float
     calls: int
+
+
+@dataclass
+class SmokeReport:
+    stack: list[local.PartStatus]
+    rollouts_sent: int
+    tables: pa.Table
+    reward_by_task: pa.Table
+    seconds: float
+
+
+def run_smoke_demo(settings: Settings, *, on_step: Callable[[str], None] = lambda _m: None) -> SmokeReport:
+    """up -> synthetic rollouts over OTLP -> Dagster assets -> DuckDB; the caller takes the stack down."""
+    from pipelines.query import list_tables, run_query
+    from schemas.lake import Lake
+
+    started = time.monotonic()
+    stack = local.up(settings, on_step=lambda part: on_step(f"starting {part}"))
+    bootstrap = local.bootstrap_servers(settings)
+    assert bootstrap is not None
+    on_step("sending synthetic agent traces through OTLP/HTTP")
+    rollouts = emit_synthetic_rollouts(settings)
+    on_step("materializing spans -> rewards -> trajectories -> transitions in Dagster")
+    materialize_all(settings, bootstrap)
+    env = local.child_env(settings, bootstrap)  # the lake as the stack's children see it (object store or folder)
+    lake = Lake(env["AGENTLAKE_LAKE"], json.loads(env["AGENTLAKE_LAKE__STORAGE_OPTIONS"]))
+    infos = list_tables(lake)
+    tables = pa.table(
+        {
+            "table": [i.name for i in infos],
+            "rows": [i.rows for i in infos],
+            "version": [i.version for i in infos],
+        }
+    )
+    reward_by_task = run_query(
+        lake,
+        "SELECT task_id, count(*) AS rollouts, round(avg(final_reward), 3) AS mean_reward, "
+        "sum(n_llm_calls) AS llm_calls FROM trajectories GROUP BY task_id ORDER BY task_id",
+    )
+    return SmokeReport(stack, len(rollouts), tables, reward_by_task, time.monotonic() - started)
 
 
 def emit_synthetic_rollouts(

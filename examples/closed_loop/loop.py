@@ -22,12 +22,14 @@ from pathlib import Path
 
 from opentelemetry import trace as otel_trace
 
-from agentlake.demo import materialize_all
 from agentlake.stack import local
+from examples.closed_loop.assets import materialize_all
 from examples.math_agent.agent import run_batch
 from examples.math_agent.tasks import make_tasks
 from schemas.config import Settings
 from schemas.errors import AgentlakeError
+from schemas.lake import Lake
+from schemas.topics import DEFAULT_TENANT
 
 Step = Callable[[str], None]
 HELD_OUT_SEED = 10_000  # training tasks use seeds below 10_000 (seed * 1000 + round)
@@ -99,28 +101,30 @@ def serving_version(settings: Settings) -> str:
     return str(row["version"]) if row else "base"
 
 
-def wait_for_transitions(settings: Settings, rollout_ids: set[str], *, timeout_s: float) -> None:
-    """Block until every rollout in ``rollout_ids`` has transitions in the lake."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+def wait_for_transitions(
+    settings: Settings, rollout_ids: set[str], *, tenant: str = DEFAULT_TENANT, timeout_s: float
+) -> None:
+    """Block until every rollout in ``rollout_ids`` of ``tenant`` has transitions in the lake.
 
-    from schemas.uris import table_uri
+    Rollout ids are keyed by tenant (another tenant's rollout of the same id is not this one); the
+    demo's agents send without a token, so their spans land under the default tenant.
+    """
+    import polars as pl
 
-    uri = table_uri(settings.lake.root, "transitions")
+    lake = Lake.from_settings(settings)
     deadline = time.monotonic() + timeout_s
     seen: set[str] = set()
     while time.monotonic() < deadline:
-        try:
-            table = DeltaTable(uri, storage_options=dict(settings.lake.storage_options) or None)
-            seen = set(table.to_pyarrow_table(columns=["rollout_id"]).column("rollout_id").to_pylist())
-        except TableNotFoundError:
-            pass
+        scan = lake.scan("transitions")
+        if scan is not None:
+            rows = scan.filter(pl.col("tenant") == tenant).select("rollout_id").unique().collect()
+            seen = set(rows.get_column("rollout_id").to_list())
         if rollout_ids <= seen:
             return
         time.sleep(3)
     raise AgentlakeError(
-        f"{len(rollout_ids - seen)} of {len(rollout_ids)} rollouts never reached `transitions` within "
-        f"{timeout_s:.0f}s; see the Dagster UI and {local.state_dir(settings) / 'logs'}"
+        f"{len(rollout_ids - seen)} of {len(rollout_ids)} rollouts of tenant {tenant!r} never reached "
+        f"`transitions` within {timeout_s:.0f}s; see the Dagster UI and {local.state_dir(settings) / 'logs'}"
     )
 
 
