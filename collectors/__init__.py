@@ -3,10 +3,11 @@
 records      pure decoding: OTLP protobuf/JSON and reward events -> Kafka records
 sink         the one-method RecordSink seam (and an in-memory one)
 kafka_sink   the no-loss Kafka producer behind it
-service      auth, idempotent delivery; shared by both receivers
+intake       auth, decode, idempotent delivery; shared by both receivers and /v1/rewards
 otlp_http    POST /v1/traces, POST /v1/rewards, GET /health (Starlette)
 otlp_grpc    TraceService/Export (grpc.aio)
-server       both receivers in one process; `python -m collectors`
+receivers    both receivers in one process; `python -m collectors`
+listen       uvicorn on a socket we bind, signals left to the process shell
 gateway      the OpenAI-compatible proxy in front of vLLM; `python -m collectors.gateway`
-runner       the signal/exit-code shell both entry points run in
+process      the signal/exit-code shell both entry points run in
 """

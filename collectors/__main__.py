@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from collectors.runner import run_server
-from collectors.server import run
+from collectors.process import run_server
+from collectors.receivers import run
 
 
 def main() -> int:

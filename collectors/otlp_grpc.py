@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 
 from collectors.errors import CollectorError, public_message
+from collectors.intake import Collector
 from collectors.records import encode_response
-from collectors.service import Collector
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"

@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from collectors.errors import BadRequest, CollectorError, PayloadTooLarge, SinkError, public_message
+from collectors.intake import Collector
 from collectors.records import BodyFormat, body_format, encode_response
-from collectors.service import Collector
 
 log = logging.getLogger(__name__)
 

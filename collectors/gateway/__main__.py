@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from collectors.gateway.server import run
-from collectors.runner import run_server
+from collectors.gateway.serve import run
+from collectors.process import run_server
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from collectors.service import Collector, bearer_token
+from collectors.intake import Collector, bearer_token
 from collectors.sink import MemorySink
 from schemas.config import Settings
 

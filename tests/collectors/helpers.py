@@ -12,7 +12,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.server import CollectorServer
+from collectors.receivers import CollectorServer
 from collectors.sink import RecordSink
 from schemas.config import KafkaSettings, Settings
 

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from collectors.gateway.app import Gateway, create_app
-from collectors.gateway.server import GatewayServer
+from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink
 from schemas import attributes as A
 from schemas.config import Settings, load_settings

@@ -28,7 +28,7 @@ from dagster import materialize
 
 from agentlake.stack.broker import free_port
 from collectors.gateway.app import Gateway
-from collectors.gateway.server import GatewayServer
+from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink
 from pipelines.assets import all_assets
 from pipelines.resources import resources_from_settings

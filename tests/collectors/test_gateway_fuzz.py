@@ -28,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from collectors.gateway.server import GatewayServer
-from collectors.server import QuietServer, bind
+from collectors.gateway.serve import GatewayServer
+from collectors.listen import QuietServer, bind
 from collectors.sink import MemorySink
 from schemas.config import load_settings
 from tests.collectors.helpers import LoopThread, wait_until

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from dagster import materialize
 
-from collectors.gateway.server import GatewayServer
+from collectors.gateway.serve import GatewayServer
 from pipelines.assets import all_assets
 from pipelines.checks import all_checks
 from pipelines.resources import resources_from_settings

@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from agentlake.stack.broker import LocalBroker, ensure_topics, free_port
 from agentlake.stack.health import gateway_spill
-from collectors.gateway.server import GatewayServer, spill_dir
+from collectors.gateway.serve import GatewayServer, spill_dir
 from collectors.gateway.spill import SpillSink
 from collectors.records import Record
 from collectors.sink import MemorySink

@@ -27,8 +27,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from collectors.errors import BadRequest, PayloadTooLarge
+from collectors.receivers import CollectorServer
 from collectors.records import decompress, split_traces
-from collectors.server import CollectorServer
 from collectors.sink import MemorySink
 from pipelines.decode import KafkaRecord, decode_spans
 from schemas import attributes as A

@@ -24,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from collectors.server import CollectorServer
+from collectors.receivers import CollectorServer
 from schemas import attributes, topics
 from schemas.config import Settings
 from schemas.tables import SPANS, schema_version

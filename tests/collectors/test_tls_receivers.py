@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collectors.gateway.server import GatewayServer
-from collectors.server import CollectorServer
+from collectors.gateway.serve import GatewayServer
+from collectors.receivers import CollectorServer
 from collectors.sink import MemorySink
 from schemas.config import Settings, load_settings
 from schemas.errors import ConfigError

@@ -204,8 +204,8 @@ def test_every_construction_site_uses_the_settings(
     built from SASL_SSL settings with a client certificate."""
     from confluent_kafka import KafkaException, Producer
 
-    from collectors.gateway.server import GatewayServer
-    from collectors.server import CollectorServer
+    from collectors.gateway.serve import GatewayServer
+    from collectors.receivers import CollectorServer
     from pipelines.ingest import fetch_config, make_fetcher
     from pipelines.resources import resources_from_settings
 

@@ -19,7 +19,7 @@ from collectors.errors import CollectorError
 from collectors.gateway.app import Gateway, create_app
 from collectors.gateway.spill import SpillSink
 from collectors.kafka_sink import KafkaSink
-from collectors.server import QuietServer, bind
+from collectors.listen import QuietServer, bind
 from collectors.sink import RecordSink
 from collectors.tls import uvicorn_tls
 from schemas.config import Settings

@@ -1,4 +1,4 @@
-"""Run the OTLP/HTTP and OTLP/gRPC receivers in one event loop, and stop them cleanly.
+"""The collector's receivers: OTLP/HTTP and OTLP/gRPC in one event loop, started and stopped cleanly.
 
 ``CollectorServer`` owns the sink's lifecycle: it connects the Kafka producer in the background
 (so the process is up, answering 503, before the broker is), and on ``stop`` it lets in-flight
@@ -11,48 +11,23 @@ certificates) covers both receivers: HTTPS on the HTTP port, a secure port for g
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 
 from collectors.errors import CollectorError
+from collectors.intake import Collector
 from collectors.kafka_sink import KafkaSink, kafka_ping
+from collectors.listen import QuietServer, bind
 from collectors.otlp_grpc import create_server
 from collectors.otlp_http import create_app
-from collectors.service import Collector
 from collectors.sink import RecordSink
 from collectors.tls import grpc_credentials, uvicorn_tls
 from schemas.config import Settings
 
 log = logging.getLogger(__name__)
-
-
-class QuietServer(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to us (we own the whole process's shutdown)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket for uvicorn; port 0 picks a free one (read it back from the socket)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted connections inherit this. Without it, a response written in two segments waits
-    # for the client's delayed ACK: 40 ms added to every request (uvicorn sets it only on
-    # sockets it creates itself).
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 class CollectorServer:
