@@ -3,7 +3,7 @@
 A span record holds the spans of one trace from one request, with resource and scope kept as
 sent, as a serialized ``ExportTraceServiceRequest``; its key is the trace id in lowercase hex, so
 every piece of one trace stays ordered in one partition (the rollout is resolved by the pipeline).
-Records are built by concatenating protobuf encodings (the wire format allows it), so spans are
+Records are built by concatenating protobuf encodings (``schemas.otlp.wire``), so spans are
 copied byte for byte instead of being rebuilt field by field.
 """
 
@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -32,6 +31,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from collectors.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType, safe_text
 from schemas import span_checks, topics
 from schemas.errors import RecordValidationError
+from schemas.otlp import packed, wire
+from schemas.otlp.values import any_value
 from schemas.tables import REWARD_EVENT, SPANS, schema_version
 from schemas.validation import validate_reward_event
 
@@ -294,54 +295,8 @@ def encode_response(fmt: BodyFormat, rejected_spans: int = 0, error_message: str
 # --- splitting a request into one record per trace ----------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _ld(tag: bytes, payload: bytes) -> bytes:
-    """A length-delimited protobuf field: tag, length, payload."""
-    return tag + _varint(len(payload)) + payload
-
-
-_TAG1 = b"\x0a"  # field 1, length-delimited
-_TAG2 = b"\x12"  # field 2
-_TAG3 = b"\x1a"  # field 3
-
-
-def any_value(v: AnyValue) -> Any:
-    """An OTLP ``AnyValue`` as plain Python, the way ingestion reads it (bytes as hex, empty as None)."""
-    kind = v.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [any_value(x) for x in v.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
-    if kind == "bytes_value":
-        return v.bytes_value.hex()
-    return getattr(v, kind)
-
-
-# Token arrays on the wire, as upb re-serializes a parsed ArrayValue (canonical: one field per item).
-# Ids: each item 0x0a, its length, 0x18 and a varint below 2**31 (at most 4 bytes, or a 5th byte <= 7).
-_TOKEN_IDS_WIRE = re.compile(rb"(?:\x0a[\x02-\x06]\x18(?:[\x80-\xff]{0,3}[\x00-\x7f]|[\x80-\xff]{4}[\x00-\x07]))*")
 _TOKEN_ID_KEYS = frozenset(k for keys in span_checks.TOKEN_ID_KEYS for k in keys)
 _LOGPROB_KEYS = frozenset(span_checks.LOGPROB_KEYS)
-
-
-def _clean_doubles(wire: bytes) -> bool:
-    """Every item a double (0x0a 0x09 0x21 and 8 bytes), none NaN."""
-    if len(wire) % 11:
-        return False
-    items = np.frombuffer(wire, np.uint8).reshape(-1, 11)
-    if not ((items[:, 0] == 0x0A).all() and (items[:, 1] == 0x09).all() and (items[:, 2] == 0x21).all()):
-        return False
-    return not np.isnan(np.ascontiguousarray(items[:, 3:]).view("<f8")).any()
 
 
 def _checked_value(key: str, value: AnyValue) -> Any:
@@ -349,7 +304,12 @@ def _checked_value(key: str, value: AnyValue) -> Any:
     reading thousands of items one by one cost 15 times the rest of the span."""
     if value.WhichOneof("value") == "array_value":
         wire = value.array_value.SerializeToString()
-        if key in _TOKEN_ID_KEYS and _TOKEN_IDS_WIRE.fullmatch(wire) or key in _LOGPROB_KEYS and _clean_doubles(wire):
+        if (
+            key in _TOKEN_ID_KEYS
+            and packed.clean_token_ids(wire)
+            or key in _LOGPROB_KEYS
+            and packed.clean_logprobs(wire)
+        ):
             return []
     return any_value(value)
 
@@ -441,8 +401,8 @@ def split_traces(
         (topics.HEADER_CONTENT_TYPE, _SPANS_CONTENT_TYPE),
     ]
     reuse = original is not None and single_pass_ok and len(groups) == 1
-    resource_bytes: dict[int, bytes] = {}
-    scope_bytes: dict[tuple[int, int], bytes] = {}
+    resource_heads: dict[int, bytes] = {}
+    scope_heads: dict[tuple[int, int], bytes] = {}
     for tid, by_res in groups.items():
         # Keyed by trace id, never by rollout id: the id may arrive in a later request (on the root),
         # and every piece of one trace must land in the same partition, in order. Which rollout a
@@ -454,24 +414,16 @@ def split_traces(
             parts = []
             for ri, by_scope in by_res.items():
                 rs = resources[ri]
-                head = resource_bytes.get(ri)
+                head = resource_heads.get(ri)
                 if head is None:
-                    head = _ld(_TAG1, rs.resource.SerializeToString()) if rs.HasField("resource") else b""
-                    resource_bytes[ri] = head
-                body = [head]
+                    head = resource_heads[ri] = wire.resource_head(rs)
+                scopes = []
                 for si, spans in by_scope.items():
-                    sk = (ri, si)
-                    shead = scope_bytes.get(sk)
+                    shead = scope_heads.get((ri, si))
                     if shead is None:
-                        ss = rs.scope_spans[si]
-                        shead = _ld(_TAG1, ss.scope.SerializeToString()) if ss.HasField("scope") else b""
-                        if ss.schema_url:
-                            shead += _ld(_TAG3, ss.schema_url.encode())
-                        scope_bytes[sk] = shead
-                    body.append(_ld(_TAG2, shead + b"".join(_ld(_TAG2, s) for s in spans)))
-                if rs.schema_url:
-                    body.append(_ld(_TAG3, rs.schema_url.encode()))
-                parts.append(_ld(_TAG1, b"".join(body)))
+                        shead = scope_heads[ri, si] = wire.scope_head(rs.scope_spans[si])
+                    scopes.append(wire.scope_spans(shead, spans))
+                parts.append(wire.resource_spans(head, scopes, wire.resource_tail(rs)))
             value = b"".join(parts)
         out.records.append(Record(topic, key, value, list(headers_base), counts[tid]))
         out.accepted_spans += counts[tid]

@@ -51,7 +51,7 @@ from typing import Any, Literal
 import polars as pl
 import pyarrow as pa
 
-from pipelines.decode import KafkaRecord, decode_reward_event, decode_spans, quarantine_row, reward_rows_from_spans
+from pipelines.decoding import KafkaRecord, decode_reward_event, decode_spans, quarantine_row, reward_rows_from_spans
 from pipelines.redact import Redactor, redact_spans
 from schemas.config import KafkaSettings, RedactionSettings
 from schemas.errors import LakeError, LogResetError

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from examples.framework_agent.agent import AGENT_NAME, ROLLOUT_HEADER, RolloutResult, heldout_tasks, run_batch, setup
 from examples.math_agent.tasks import MathTask
-from pipelines.decode import KafkaRecord, SpanBatch
+from pipelines.decoding import KafkaRecord, SpanBatch
 from pipelines.trajectories import assemble
 from schemas import attributes as A
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipelines.decode import KafkaRecord, decode_spans
+from pipelines.decoding import KafkaRecord, decode_spans
 from pipelines.steps import (
     BASELINE_KEY,
     _group_chunks,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipelines.decode import KafkaRecord, SpanBatch
+from pipelines.decoding import KafkaRecord, SpanBatch
 from pipelines.steps import update_trajectories
 from schemas.config import KafkaSettings
 from schemas.lake import Lake

@@ -11,46 +11,18 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-from pipelines.decode import KafkaRecord, SpanBatch, _any_value, _decode_pieces, _varints
+from pipelines.decoding import KafkaRecord, SpanBatch
 from pipelines.ingest import ingest
 from schemas import attributes as A
 from schemas import span_checks
 from schemas.config import Settings
 from schemas.lake import Lake
+from schemas.otlp.values import any_value
 from tests.pipelines.otel import Call, Rollout, encode, make_spans, produce, span_record
 
 
 def record(r: Rollout, offset: int) -> KafkaRecord:
     return KafkaRecord("t", 0, offset, r.rollout_id.encode() if r.rollout_id else None, encode(make_spans(r)), [])
-
-
-def test_varints_match_protobuf() -> None:
-    values = [0, 1, 127, 128, 16383, 16384, 49151, 2**31 - 1, 2**34]
-    data = ArrayValue(values=[AnyValue(int_value=v) for v in values]).SerializeToString()
-    got = _varints(data)
-    assert got is not None and got.tolist() == values
-    # anything but int items (a string, a negative 10-byte varint) is refused, never misread
-    mixed = ArrayValue(values=[AnyValue(int_value=3), AnyValue(string_value="ab")]).SerializeToString()
-    assert _varints(mixed) is None
-    assert _varints(ArrayValue(values=[AnyValue(int_value=-1)]).SerializeToString()) is None
-
-
-def _ints(values: list[int]) -> bytes:
-    return ArrayValue(values=[AnyValue(int_value=v) for v in values]).SerializeToString()
-
-
-def test_pieces_decode_together_only_when_each_is_a_whole_array() -> None:
-    got = _decode_pieces([_ints([1, 300]), b"", _ints([70000]), _ints([5, 6, 7])], is_int=True)
-    assert got is not None
-    assert got[0].tolist() == [1, 300, 70000, 5, 6, 7] and got[1].tolist() == [2, 0, 1, 3]
-    # Two broken halves of one array join into a clean one: refused, so each half meets the slow path.
-    whole = _ints([1, 300])
-    assert _decode_pieces([whole[:3], whole[3:]], is_int=True) is None
-    assert _decode_pieces([_ints([2**31])], is_int=True) is None  # out of int32: the slow path's error
-    doubles = ArrayValue(values=[AnyValue(double_value=-0.5), AnyValue(double_value=-2.0)]).SerializeToString()
-    got = _decode_pieces([doubles, b"", doubles[:11]], is_int=False)
-    assert got is not None and got[0].tolist() == [-0.5, -2.0, -0.5] and got[1].tolist() == [2, 0, 1]
-    assert _decode_pieces([doubles[:5]], is_int=False) is None
 
 
 def test_nested_attribute_values_read_as_the_real_messages_read_them() -> None:
@@ -81,7 +53,7 @@ def test_nested_attribute_values_read_as_the_real_messages_read_them() -> None:
     batch = SpanBatch()
     assert batch.add(KafkaRecord("t", 0, 0, b"k", req.SerializeToString(), [])) == 1
     row = batch.to_table().to_pylist()[0]
-    expected = json.dumps({k: _any_value(v) for k, v in values.items()}, default=lambda a: a.tolist())
+    expected = json.dumps({k: any_value(v) for k, v in values.items()}, default=lambda a: a.tolist())
     assert json.loads(row["attributes"]) == json.loads(expected)
     assert json.loads(row["attributes"])["scores"] == [0.25, 1.5]
     assert json.loads(row["resource_attributes"]) == {"deployment": {"k": 3, "deeper": {}}}
@@ -161,8 +133,7 @@ def _int_values(values: list[int]) -> AnyValue:
 
 def _plain(v: AnyValue) -> object:
     """An attribute as span_checks takes it (plain Python, as the collector reads it)."""
-    x = _any_value(v)
-    return x.tolist() if isinstance(x, np.ndarray) else x
+    return any_value(v)
 
 
 BAD_TOKENS: list[tuple[str, AnyValue]] = [

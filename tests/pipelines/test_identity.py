@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import set_span_in_context
 
-from pipelines.decode import KafkaRecord, decode_spans
+from pipelines.decoding import KafkaRecord, decode_spans
 from pipelines.identity import resolve_rollouts
 from pipelines.steps import update_trajectories, update_transitions
 from schemas import attributes as A

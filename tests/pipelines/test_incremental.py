@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from pipelines.decode import KafkaRecord, decode_spans
+from pipelines.decoding import KafkaRecord, decode_spans
 from pipelines.steps import _saved_baseline, update_trajectories, update_transitions
 from schemas.config import CreditSettings
 from schemas.lake import Lake

@@ -156,7 +156,7 @@ def test_recreated_topic_is_detected(kafka_bootstrap: str, tmp_path: Path) -> No
 
 def test_watermarks_from_before_fingerprints_are_compared_with_rows(tmp_path: Path) -> None:
     """A lake whose watermarks carry no fingerprint (written before them): the record is compared with its rows."""
-    from pipelines.decode import KafkaRecord, decode_spans
+    from pipelines.decoding import KafkaRecord, decode_spans
 
     lake = Lake(str(tmp_path / "lake"))
     with LocalBroker(log_path=tmp_path / "tansu.log") as broker:

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipelines.decode import KafkaRecord, SpanBatch
+from pipelines.decoding import KafkaRecord, SpanBatch
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import assemble
 from pipelines.transitions import build
