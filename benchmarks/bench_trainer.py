@@ -127,6 +127,7 @@ def plain(base: torch.nn.Module, cfg: TrainConfig, rows: pa.Table) -> list[float
 
 def publish_latency(base: torch.nn.Module, cfg: TrainConfig, url: str, served_name: str) -> tuple[float, float]:
     """(publish call seconds, checkpoint -> first served completion seconds) for a fresh adapter."""
+    from schemas.lake import Lake
     from trainer.checkpoints import save_checkpoint
     from trainer.publish import Publisher
     from trainer.registry import Registry
@@ -134,7 +135,7 @@ def publish_latency(base: torch.nn.Module, cfg: TrainConfig, url: str, served_na
 
     lake = Path(tempfile.mkdtemp(prefix="bench-publish-"))
     model = with_lora(base, cfg, cfg.seed + 1)
-    reg = Registry(str(lake))
+    reg = Registry(Lake(str(lake)))
     version, number = reg.next_version()
     path = save_checkpoint(lake / "models" / version, model=model, tokenizer=None, cfg=cfg, meta={})
     model.unload()

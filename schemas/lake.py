@@ -52,10 +52,10 @@ class Lake:
     def _opts(self) -> dict[str, str] | None:
         return dict(self.storage_options) or None
 
-    def table(self, name: str) -> DeltaTable | None:
-        """The Delta table, or None when nothing was written yet."""
+    def table(self, name: str, *, version: int | None = None) -> DeltaTable | None:
+        """The Delta table (at ``version``: time travel; default the newest), or None when nothing was written yet."""
         try:
-            return DeltaTable(self.uri(name), storage_options=self._opts())
+            return DeltaTable(self.uri(name), version=version, storage_options=self._opts())
         except TableNotFoundError:
             return None
         except OSError as exc:  # delta-rs gives up on a refused connection after its retries (~2 s)
@@ -223,6 +223,38 @@ class Lake:
             dt = self.table(name)
             assert dt is not None
         return dt.version()
+
+    def insert_new(self, name: str, data: pa.Table, *, key: str) -> int:
+        """Insert the rows of ``data`` whose ``key`` the table does not hold yet (a Delta MERGE); the count.
+
+        One commit that checks and inserts together, so two writers racing for one key cannot both win;
+        a missing table is created by the write of ``data``, and one written under an older schema gains
+        the new (nullable) columns.
+        """
+        dt = self.table(name)
+        if dt is None:
+            self.write(name, data)
+            return data.num_rows
+        data = data.select(TABLES[name].names).cast(TABLES[name])
+        stats = (
+            dt.merge(data, predicate=f"t.{key} = s.{key}", source_alias="s", target_alias="t", merge_schema=True)
+            .when_not_matched_insert_all()
+            .execute()
+        )
+        return int(stats.get("num_target_rows_inserted", 0))
+
+    def update(self, name: str, data: pa.Table, *, key: str, columns: Mapping[str, str]) -> int | None:
+        """Set ``columns`` (target column -> expression over ``s.``, the rows of ``data``) on the rows whose
+        ``key`` matches (a Delta MERGE, one new version); the count, or None when the table does not exist."""
+        dt = self.table(name)
+        if dt is None:
+            return None
+        stats = (
+            dt.merge(data, predicate=f"t.{key} = s.{key}", source_alias="s", target_alias="t")
+            .when_matched_update(updates=dict(columns))
+            .execute()
+        )
+        return int(stats.get("num_target_rows_updated", 0))
 
 
 def _shown(position: int | None) -> str:

@@ -27,13 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import torch
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from schemas.agent_filter import agent_mask, keeps_every_agent
-from schemas.uris import table_uri as _table_uri
+from schemas.lake import Lake
 from trainer.errors import TrainerError
-from trainer.tables import open_table
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +59,6 @@ class TransitionData:
     table_uri: str  # normalized (schemas.uris)
     version_start: int  # -1: no lower bound; else ids present at this version were left out
     version_end: int  # the pinned version every row was read at
-
-
-def table_uri(lake_root: str, table: str) -> str:
-    """The normalized location of ``table`` under ``lake_root`` (one spelling per lake)."""
-    return _table_uri(lake_root, table)
-
-
-def latest_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
-    """The table's newest Delta version, or None when it does not exist yet."""
-    table = open_table(uri, storage_options)
-    return None if table is None else table.version()
 
 
 def _filter_keys(
@@ -106,7 +92,7 @@ def _one_per_id(rows: pa.Table) -> pa.Table:
 
 
 def read_transitions(
-    lake_root: str,
+    lake: Lake,
     *,
     table: str = "transitions",
     version_start: int | None = None,
@@ -114,7 +100,6 @@ def read_transitions(
     agent: str | None = None,
     policy_versions: Sequence[str] | None = None,
     exclude_ids: pa.Array | pa.ChunkedArray | None = None,
-    storage_options: dict[str, str] | None = None,
     ids_only: bool = False,
     tenants: Sequence[str] | None = None,
 ) -> TransitionData:
@@ -126,12 +111,10 @@ def read_transitions(
     ``version_start``. ``ids_only`` returns just ``transition_id`` (the sensor's count, without
     reading token columns).
     """
-    uri = table_uri(lake_root, table)
-    opts = storage_options or None
-    try:
-        end = DeltaTable(uri, version=version_end, storage_options=opts)
-    except TableNotFoundError as exc:
-        raise TrainerError(f"no {table} table at {uri}; run the pipeline first (or check lake.root)") from exc
+    uri = lake.uri(table)
+    end = lake.table(table, version=version_end)
+    if end is None:
+        raise TrainerError(f"no {table} table at {uri}; run the pipeline first (or check lake.root)")
     start_version = -1 if version_start is None else version_start
     dataset = end.to_pyarrow_dataset()
     keys = _filter_keys(
@@ -141,9 +124,9 @@ def read_transitions(
         exclude_ids=exclude_ids,
         tenants=tenants,
     )
-    if start_version >= 0 and keys.num_rows:
-        before = DeltaTable(uri, version=start_version, storage_options=opts).to_pyarrow_dataset()
-        seen = pc.unique(before.to_table(columns=["transition_id"])["transition_id"])
+    before = lake.table(table, version=start_version) if start_version >= 0 and keys.num_rows else None
+    if before is not None:
+        seen = pc.unique(before.to_pyarrow_dataset().to_table(columns=["transition_id"])["transition_id"])
         keys = keys.filter(pc.invert(pc.is_in(keys["transition_id"], value_set=seen)))
     wanted = pc.unique(keys["transition_id"])
     if ids_only:

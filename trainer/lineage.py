@@ -20,27 +20,23 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from deltalake import DeltaTable, write_deltalake
 
+from schemas.lake import Lake
 from schemas.tables import TRAINING_LINEAGE
-from schemas.uris import normalize_uri, table_uri
-from trainer.tables import open_table
+from schemas.uris import normalize_uri
 
 TABLE = "training_lineage"
 
 
 class Lineage:
-    """Read and append ``training_lineage`` rows under one lake root."""
+    """Read and append ``training_lineage`` rows of one lake."""
 
-    def __init__(self, lake_root: str, storage_options: dict[str, str] | None = None) -> None:
-        self.uri = table_uri(lake_root, TABLE)
-        self.storage_options = storage_options or None
-
-    def _table(self) -> DeltaTable | None:
-        return open_table(self.uri, self.storage_options)
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self.uri = lake.uri(TABLE)
 
     def _read(self, columns: list[str], where: pds.Expression) -> pa.Table:
-        table = self._table()
+        table = self.lake.table(TABLE)
         if table is None:
             return TRAINING_LINEAGE.empty_table().select(columns)
         return table.to_pyarrow_dataset().to_table(columns=columns, filter=where)
@@ -66,7 +62,7 @@ class Lineage:
                 "consumed_at": pa.array([now] * n, TRAINING_LINEAGE.field("consumed_at").type),
             }
         ).cast(TRAINING_LINEAGE)
-        write_deltalake(self.uri, data, mode="append", storage_options=self.storage_options)
+        self.lake.write(TABLE, data)
         return n
 
     def summary(self, model_version: str) -> dict[str, Any]:

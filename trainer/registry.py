@@ -12,8 +12,9 @@ version went through (``DeltaTable.history()`` / time travel). Lineage in DuckDB
 Which transitions each version trained on is in ``training_lineage`` (``trainer.lineage``).
 
 The schema grows by nullable columns (v2 added ``artifact_uri`` and ``manifest_sha256``): every write
-evolves an older table's schema (``schema_mode="merge"``, ``merge_schema=True``, as ``Lake.write``
-does), and rows read from it carry every current column, None where an old row has none.
+evolves an older table's schema (``Lake.insert_new`` merges it, as ``Lake.write`` does), and rows
+read from it carry every current column, None where an old row has none. Every read and write goes
+through the lake layer (``schemas.lake.Lake``), as the pipeline's do.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ import json
 from typing import Any, Literal
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
 
+from schemas.lake import Lake
 from schemas.tables import MODEL_VERSIONS
-from schemas.uris import normalize_uri, same_location, table_uri
+from schemas.uris import normalize_uri, same_location
 from trainer.errors import RegistryError
-from trainer.tables import open_table
 
 TABLE = "model_versions"
 Status = Literal["pending", "published", "failed", "rejected", "rolled_back"]
@@ -47,18 +47,15 @@ def _now() -> dt.datetime:
 
 
 class Registry:
-    """Read and append ``model_versions`` rows under one lake root."""
+    """Read and append ``model_versions`` rows of one lake."""
 
-    def __init__(self, lake_root: str, storage_options: dict[str, str] | None = None) -> None:
-        self.uri = table_uri(lake_root, TABLE)
-        self.storage_options = storage_options or None
-
-    def _table(self) -> DeltaTable | None:
-        return open_table(self.uri, self.storage_options)
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self.uri = lake.uri(TABLE)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every version, oldest first."""
-        table = self._table()
+        table = self.lake.table(TABLE)
         if table is None:
             return []
         rows = [{**_ABSENT, **r} for r in table.to_pyarrow_table().to_pylist()]
@@ -138,21 +135,8 @@ class Registry:
             "artifact_uri": artifact_uri,
             "manifest_sha256": manifest_sha256,
         }
-        source = pa.Table.from_pylist([row], schema=MODEL_VERSIONS)
-        table = self._table()
-        if table is None:
-            write_deltalake(self.uri, source, mode="append", schema_mode="merge", storage_options=self.storage_options)
-            return row
         # MERGE ... WHEN NOT MATCHED INSERT: two trainers racing for one name cannot both win.
-        # merge_schema: a table written before a column existed gains it (null in its old rows).
-        stats = (
-            table.merge(
-                source, predicate="t.version = s.version", source_alias="s", target_alias="t", merge_schema=True
-            )
-            .when_not_matched_insert_all()
-            .execute()
-        )
-        if stats.get("num_target_rows_inserted", 0) != 1:
+        if self.lake.insert_new(TABLE, pa.Table.from_pylist([row], schema=MODEL_VERSIONS), key="version") != 1:
             raise RegistryError(f"model version {version} already exists in {self.uri}")
         return row
 
@@ -168,9 +152,6 @@ class Registry:
         """Record a publish outcome as a new table version; ``published_at`` is kept unless given."""
         if status not in STATUSES:
             raise RegistryError(f"publish status must be one of {', '.join(STATUSES)}, got {status!r}")
-        table = self._table()
-        if table is None:
-            raise RegistryError(f"no model registry at {self.uri}; train a version first")
         fields = [
             pa.field("version", pa.string()),
             pa.field("publish_status", pa.string()),
@@ -197,10 +178,8 @@ class Registry:
             ],
             schema=pa.schema(fields),
         )
-        stats = (
-            table.merge(source, predicate="t.version = s.version", source_alias="s", target_alias="t")
-            .when_matched_update(updates=updates)
-            .execute()
-        )
-        if stats.get("num_target_rows_updated", 0) != 1:
+        updated = self.lake.update(TABLE, source, key="version", columns=updates)
+        if updated is None:
+            raise RegistryError(f"no model registry at {self.uri}; train a version first")
+        if updated != 1:
             raise RegistryError(f"no model version {version!r} in {self.uri}")

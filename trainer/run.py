@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import Settings
+from schemas.lake import Lake
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
-from trainer.data import TransitionData, latest_version, read_transitions, table_uri
+from trainer.data import TransitionData, read_transitions
 from trainer.errors import RegistryError, TrainerError
 from trainer.lineage import Lineage
 from trainer.registry import Registry
@@ -49,16 +50,20 @@ class RoundResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def lake_of(cfg: TrainConfig) -> Lake:
+    """The lake a round reads and writes: the registry, the lineage and the transitions are its tables."""
+    return Lake(cfg.lake_root, cfg.storage_options)
+
+
 def pending_transitions(cfg: TrainConfig, registry: Registry) -> tuple[int, int | None]:
     """(start, end): the table version the last round on this table read at (or ``cfg.version_start``;
     -1: none), and the version to read now (``cfg.version_end`` or the newest; None: no table yet)."""
-    uri = table_uri(cfg.lake_root, cfg.table)
     if cfg.version_start is not None:
         start = cfg.version_start
     else:
-        last = registry.last_trained(uri)
+        last = registry.last_trained(registry.lake.uri(cfg.table))
         start = last["train_version_end"] if last and last["train_version_end"] is not None else -1
-    end = cfg.version_end if cfg.version_end is not None else latest_version(uri, cfg.storage_options)
+    end = cfg.version_end if cfg.version_end is not None else registry.lake.version(cfg.table)
     return start, end
 
 
@@ -71,12 +76,10 @@ def read_pending(
     in ``training_lineage``; with one, the ids absent from the snapshot at ``start``.
     """
     explicit = cfg.version_start is not None
-    exclude = None
-    if not explicit:
-        lineage = lineage or Lineage(cfg.lake_root, cfg.storage_options)
-        exclude = lineage.consumed_ids(table_uri(cfg.lake_root, cfg.table))
+    lineage = lineage or Lineage(lake_of(cfg))
+    exclude = None if explicit else lineage.consumed_ids(lineage.lake.uri(cfg.table))
     return read_transitions(
-        cfg.lake_root,
+        lineage.lake,
         table=cfg.table,
         version_start=start if explicit else None,
         version_end=end,
@@ -84,7 +87,6 @@ def read_pending(
         policy_versions=cfg.policy_versions,
         tenants=cfg.tenants,
         exclude_ids=exclude,
-        storage_options=cfg.storage_options,
         ids_only=ids_only,
     )
 
@@ -92,7 +94,7 @@ def read_pending(
 def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
     """Whether the last round on this table read version ``end`` with the same filters: then it took
     every row a round would take now, and nothing needs reading (the sensor's common case)."""
-    last = registry.last_trained(table_uri(cfg.lake_root, cfg.table))
+    last = registry.last_trained(registry.lake.uri(cfg.table))
     if cfg.version_start is not None or last is None or last["train_version_end"] != end:
         return False
     before = json.loads(last["config"] or "{}")
@@ -102,11 +104,12 @@ def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
 
 def count_pending(cfg: TrainConfig) -> tuple[int, int | None]:
     """(transitions the next round would train on, the table version it would read): the sensor's count."""
-    registry = Registry(cfg.lake_root, cfg.storage_options)
+    lake = lake_of(cfg)
+    registry = Registry(lake)
     start, end = pending_transitions(cfg, registry)
     if end is None or (cfg.version_start is not None and end <= start) or _caught_up(cfg, registry, end):
         return 0, end
-    return read_pending(cfg, start, end, ids_only=True).rows.num_rows, end
+    return read_pending(cfg, start, end, lineage=Lineage(lake), ids_only=True).rows.num_rows, end
 
 
 def _discard_unregistered(registry: Registry, version: str, path: Path) -> None:
@@ -136,8 +139,9 @@ def train_once(
         cfg = config_from_settings(settings, **overrides)
     elif overrides:
         cfg = cfg.replace(**overrides)
-    registry = Registry(cfg.lake_root, cfg.storage_options)
-    lineage = Lineage(cfg.lake_root, cfg.storage_options)
+    lake = lake_of(cfg)
+    registry = Registry(lake)
+    lineage = Lineage(lake)
     start, end = pending_transitions(cfg, registry)
     if end is None:
         return RoundResult(None, reason=f"no {cfg.table} table under {cfg.lake_root} yet")

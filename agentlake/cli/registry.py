@@ -15,10 +15,10 @@ from schemas.config import Settings
 
 
 def _registry(settings: Settings):  # noqa: ANN202 - keeps the trainer import lazy
-    from trainer.config import lake_of
+    from schemas.lake import Lake
     from trainer.registry import Registry
 
-    return Registry(*lake_of(settings))
+    return Registry(Lake.from_settings(settings))
 
 
 def _restart_local_vllm(settings: Settings):  # noqa: ANN202
@@ -34,9 +34,10 @@ def _restart_local_vllm(settings: Settings):  # noqa: ANN202
 
 def _trained_on(settings: Settings, row: dict[str, Any]) -> str:
     """How many transitions a version trained on and from which table versions, from ``training_lineage``."""
+    from schemas.lake import Lake
     from trainer.lineage import Lineage
 
-    lin = Lineage(settings.lake.root, dict(settings.lake.storage_options))
+    lin = Lineage(Lake.from_settings(settings))
     info = lin.summary(row["version"])
     n = info["transitions"]
     if n == 0:

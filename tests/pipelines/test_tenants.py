@@ -223,12 +223,12 @@ def test_a_policy_trains_on_the_tenants_its_settings_name(tenants: Tenants, tmp_
     tenants.spans(B, rollout("r", -1.0, task_id="t"))  # the same rollout, attempt and step ids
     tenants.run()
     root = tenants.lake.root
-    everyone = read_transitions(root).rows
+    everyone = read_transitions(Lake(root)).rows
     assert sorted(everyone["tenant"].to_pylist()) == [A, B]  # two ids: neither stands in for the other
-    only_a = read_transitions(root, tenants=[A]).rows
+    only_a = read_transitions(Lake(root), tenants=[A]).rows
     assert only_a["tenant"].to_pylist() == [A] and only_a["reward"].to_pylist() == [1.0]
     # what A already trained on never hides B's row
-    pending = read_transitions(root, exclude_ids=only_a["transition_id"]).rows
+    pending = read_transitions(Lake(root), exclude_ids=only_a["transition_id"]).rows
     assert pending["tenant"].to_pylist() == [B]
     # the setting: `[trainer] tenants` reaches the round's reader
     where = {"lake": {"root": root}, "state": {"dir": str(tmp_path / "state")}}

@@ -64,7 +64,7 @@ def test_same_location_and_errors() -> None:
 def test_every_layer_names_a_table_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pipelines (Lake.uri), the trainer's reader, the registry and the lineage table agree on each spelling."""
     from schemas.lake import Lake
-    from trainer.data import table_uri as trainer_table_uri
+    from trainer.lineage import Lineage
     from trainer.registry import Registry
 
     monkeypatch.chdir(tmp_path)
@@ -72,7 +72,7 @@ def test_every_layer_names_a_table_the_same_way(tmp_path: Path, monkeypatch: pyt
     expected = str(tmp_path / "lake" / "transitions")
     for root in spellings:
         assert Lake(root).uri("transitions") == expected, root
-        assert trainer_table_uri(root, "transitions") == expected, root
-        assert Registry(root).uri == str(tmp_path / "lake" / "model_versions"), root
+        assert Lineage(Lake(root)).uri == str(tmp_path / "lake" / "training_lineage"), root
+        assert Registry(Lake(root)).uri == str(tmp_path / "lake" / "model_versions"), root
     assert Lake("s3a://bucket/lake/").uri("transitions") == "s3://bucket/lake/transitions"
-    assert trainer_table_uri("s3://bucket//lake", "transitions") == "s3://bucket/lake/transitions"
+    assert Registry(Lake("s3://bucket//lake")).uri == "s3://bucket/lake/model_versions"

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from agentlake.cli import app
 from agentlake.stack.broker import free_port
+from schemas.lake import Lake
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.registry import Registry
 
@@ -51,6 +52,6 @@ min_new_transitions = 4
     url = f"http://127.0.0.1:{free_port()}"
     failed = runner.invoke(app, ["model", "publish", "v0001", "--vllm-url", url, "--config", str(config)])
     assert failed.exit_code == 1 and "unreachable" in failed.output
-    assert Registry(str(lake)).get("v0001")["publish_status"] == "failed"
+    assert Registry(Lake(str(lake))).get("v0001")["publish_status"] == "failed"
     missing = runner.invoke(app, ["model", "show", "v0009", "--config", str(config)])
     assert missing.exit_code == 1 and "no model version" in missing.output

@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from schemas.config import load_settings
+from schemas.lake import Lake
 from schemas.tables import TRANSITIONS
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
@@ -57,7 +58,7 @@ def _compact_and_vacuum(lake: Path) -> None:
 
 def _rewrite_groups(lake: Path, rows: list[dict[str, Any]], groups: list[str]) -> int:
     """What `pipelines.steps.update_transitions` does to a recomputed group: overwrite it with a predicate."""
-    from schemas.lake import Lake, in_list
+    from schemas.lake import in_list
 
     table = pa.Table.from_pylist(rows, schema=TRANSITIONS)
     return Lake(str(lake)).write("transitions", table, mode="overwrite", predicate=in_list("group_id", groups))
@@ -109,7 +110,7 @@ def test_a_group_rewrite_of_trained_transitions_trains_only_its_new_rows(
     assert train_once(cfg=cfg, force=True).version is None
     from trainer.lineage import Lineage
 
-    summary = Lineage(str(lake)).summary("v0002")
+    summary = Lineage(Lake(str(lake))).summary("v0002")
     assert summary["transitions"] == 1 and summary["table_versions"] == [second.version_end]
 
 
@@ -117,7 +118,6 @@ def test_over_several_versions_each_transition_is_consumed_once_and_lineage_join
     lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]]
 ) -> None:
     from pipelines.query import run_query
-    from schemas.lake import Lake
 
     cfg = _cfg(lake, tiny_model_dir, lake.parent / "models")
     write_transitions(lake, _rows(tokens, range(0, 5)))
@@ -180,16 +180,16 @@ def test_the_same_lake_spelled_relative_and_absolute_continues_training(
 
     write_transitions(lake, _rows(tokens, range(4, 6)))
     for spelling in (f"{lake}/", f"file://{lake}"):
-        assert Registry(spelling).last_trained(f"{spelling}/transitions")["version"] == "v0001"
+        assert Registry(Lake(spelling)).last_trained(f"{spelling}/transitions")["version"] == "v0001"
     second = train_once(cfg=_cfg(f"{lake}/", tiny_model_dir, tmp_path / "models"))
     assert second.n_transitions == 2 and second.version_start == first.version_end
     assert train_once(cfg=_cfg(f"file://{lake}", tiny_model_dir, tmp_path / "models"), force=True).version is None
-    assert Registry("./lake").get("v0002")["train_table"] == str(lake / "transitions")
+    assert Registry(Lake("./lake")).get("v0002")["train_table"] == str(lake / "transitions")
 
 
 def test_registry_finds_the_last_round_under_any_spelling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    reg = Registry("lake")
+    reg = Registry(Lake("lake"))
     reg.add(version="v0001", version_number=1, base_model="tiny", kind="lora", path="/m/v0001",
             train_table="lake/transitions", train_version_start=-1, train_version_end=4)  # fmt: skip
     for spelling in (
@@ -197,5 +197,5 @@ def test_registry_finds_the_last_round_under_any_spelling(tmp_path: Path, monkey
         f"file://{tmp_path}/lake/transitions/",
         "./lake/transitions",
     ):
-        row = Registry(str(tmp_path / "lake")).last_trained(spelling)
+        row = Registry(Lake(str(tmp_path / "lake"))).last_trained(spelling)
         assert row is not None and row["train_version_end"] == 4, spelling

@@ -12,6 +12,7 @@ import torch
 
 from agentlake.stack.broker import free_port
 from schemas.config import load_settings
+from schemas.lake import Lake
 from tests.trainer.helpers import transition, write_transitions
 from trainer.config import TrainConfig, config_from_settings
 from trainer.data import Example, collate, read_transitions, to_examples
@@ -24,34 +25,36 @@ def test_version_range_reads_only_rows_added_after_start(lake: Path) -> None:
     v2 = write_transitions(lake, [transition(9, [3], [8], advantage=0.5, policy_version="v0001")])
     assert (v0, v1, v2) == (0, 1, 2)
 
-    everything = read_transitions(str(lake))
+    everything = read_transitions(Lake(str(lake)))
     assert everything.rows.num_rows == 6 and (everything.version_start, everything.version_end) == (-1, 2)
-    since_v0 = read_transitions(str(lake), version_start=0)
+    since_v0 = read_transitions(Lake(str(lake)), version_start=0)
     assert sorted(since_v0.rows["transition_id"].to_pylist()) == ["r0003/a0/0", "r0004/a0/0", "r0009/a0/0"]
-    middle = read_transitions(str(lake), version_start=0, version_end=1)
+    middle = read_transitions(Lake(str(lake)), version_start=0, version_end=1)
     assert middle.rows.num_rows == 2 and middle.version_end == 1
-    assert read_transitions(str(lake), agent="crit*").rows.num_rows == 2
-    assert read_transitions(str(lake), policy_versions=["v0001"]).rows["transition_id"].to_pylist() == ["r0009/a0/0"]
+    assert read_transitions(Lake(str(lake)), agent="crit*").rows.num_rows == 2
+    assert read_transitions(Lake(str(lake)), policy_versions=["v0001"]).rows["transition_id"].to_pylist() == [
+        "r0009/a0/0"
+    ]
 
 
 def test_pending_rows_are_chosen_by_transition_id_once_each(lake: Path) -> None:
     write_transitions(lake, [transition(i, [3], [5], advantage=1.0) for i in range(4)])
     write_transitions(lake, [transition(i, [3], [6], advantage=2.0, agent="critic") for i in (2, 3, 4, 4)])
-    pending = read_transitions(str(lake), exclude_ids=pa.array(["r0000/a0/0"]))
+    pending = read_transitions(Lake(str(lake)), exclude_ids=pa.array(["r0000/a0/0"]))
     assert pending.rows["transition_id"].to_pylist() == ["r0001/a0/0", "r0002/a0/0", "r0003/a0/0", "r0004/a0/0"]
     assert pending.rows["rollout_id"].to_pylist()[0] == "r0001"
-    ids = read_transitions(str(lake), exclude_ids=pa.array(["r0000/a0/0"]), ids_only=True)
+    ids = read_transitions(Lake(str(lake)), exclude_ids=pa.array(["r0000/a0/0"]), ids_only=True)
     assert ids.rows.column_names == ["transition_id"] and ids.rows.num_rows == 4
     # pinned: version 0 knows nothing of the second write
-    assert read_transitions(str(lake), version_end=0, ids_only=True).rows.num_rows == 4
-    assert read_transitions(str(lake), agent="critic", exclude_ids=pa.array(["r0002/a0/0"])).rows.num_rows == 2
+    assert read_transitions(Lake(str(lake)), version_end=0, ids_only=True).rows.num_rows == 4
+    assert read_transitions(Lake(str(lake)), agent="critic", exclude_ids=pa.array(["r0002/a0/0"])).rows.num_rows == 2
     # explicit range: the ids absent at version 0, whatever was trained
-    assert read_transitions(str(lake), version_start=0).rows["transition_id"].to_pylist() == ["r0004/a0/0"]
+    assert read_transitions(Lake(str(lake)), version_start=0).rows["transition_id"].to_pylist() == ["r0004/a0/0"]
 
 
 def test_missing_table_says_what_to_do(lake: Path) -> None:
     with pytest.raises(TrainerError, match="run the pipeline first"):
-        read_transitions(str(lake))
+        read_transitions(Lake(str(lake)))
 
 
 def test_examples_skip_untrainable_rows_and_truncate_prompt_first(lake: Path) -> None:
@@ -63,7 +66,7 @@ def test_examples_skip_untrainable_rows_and_truncate_prompt_first(lake: Path) ->
             transition(2, [3], [9, 10], advantage=1.0, logprobs=[-1.0]),  # wrong length -> on-policy
         ],
     )
-    examples = to_examples(read_transitions(str(lake)).rows, max_seq_len=5)
+    examples = to_examples(read_transitions(Lake(str(lake))).rows, max_seq_len=5)
     assert len(examples) == 2
     first = examples[0]
     assert first.input_ids == [7, 8, 9, 10, 11] and first.n_prompt == 2  # the prompt's end is kept

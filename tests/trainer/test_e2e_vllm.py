@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from schemas.lake import Lake
 from tests.fixtures_vllm import VllmServer
 from tests.trainer.helpers import transition, write_transitions
 from trainer.artifacts import store_version
@@ -61,7 +62,7 @@ def test_trained_lora_changes_served_outputs_then_rolls_back(
         min_new_transitions=1,
         progress=False,
     )
-    reg = Registry(lake, opts)
+    reg = Registry(Lake(lake, opts))
     pub = Publisher(registry=reg, vllm_url=vllm_server.url, served_name=ADAPTER, cache_dir=tmp_path / "serving-host")
     client = VllmClient(vllm_server.url)
     base_text = client.complete(vllm_server.served_name, PROMPT, max_tokens=8)

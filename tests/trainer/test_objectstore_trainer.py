@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from agentlake.cli import app
 from agentlake.stack.broker import free_port
+from schemas.lake import Lake
 from schemas.storage import filesystem, read_bytes
 from schemas.uris import table_uri
 from tests.objectstore import ObjectStore
@@ -85,7 +86,7 @@ def test_rounds_read_from_s3_store_versions_in_the_bucket_and_resume_on_a_fresh_
     assert (
         first.version == "v0001" and first.n_transitions == 8 and (first.version_start, first.version_end) == (-1, end)
     )
-    registry = Registry(root, opts)
+    registry = Registry(Lake(root, opts))
     row = registry.get("v0001")
     # The registry names the local copy (what vLLM loads here) and the stored one (what any host can fetch).
     assert row["path"] == first.path and Path(first.path).parent == tmp_path / "trainer-host" / "models"
@@ -107,7 +108,7 @@ def test_rounds_read_from_s3_store_versions_in_the_bucket_and_resume_on_a_fresh_
     assert metrics["artifact_bytes_uploaded"] == sum(len(b) for rel, b in stored.items() if rel != MANIFEST_FILE)
 
     # Lineage: exactly the 8 transitions, read at the pinned version, and nothing left pending.
-    lineage = Lineage(root, opts)
+    lineage = Lineage(Lake(root, opts))
     assert lineage.summary("v0001") == {
         "transitions": 8,
         "distinct_transitions": 8,
@@ -139,7 +140,7 @@ def test_a_fresh_cache_downloads_and_verifies_and_a_changed_object_is_refused_by
     root, opts = object_store.lake_root(), object_store.storage_options
     write_transitions(root, _rows(0, 4), storage_options=opts)
     trained = train_once(cfg=_config(root, opts, tiny_model_dir, tmp_path / "trainer-host" / "models"))
-    registry = Registry(root, opts)
+    registry = Registry(Lake(root, opts))
     row = registry.get(trained.version)
     shutil.rmtree(trained.path)  # from here on, this machine is one that never trained v0001
     digest = row["manifest_sha256"]
@@ -191,7 +192,7 @@ def test_publish_and_rollback_from_a_host_that_never_trained_load_verified_downl
     for v in range(2):
         write_transitions(root, _rows(4 * v, 4), storage_options=opts)
         shutil.rmtree(train_once(cfg=cfg).path)  # the trainer host's disk is gone; the lake has the versions
-    registry = Registry(root, opts)
+    registry = Registry(Lake(root, opts))
     serving_host = tmp_path / "serving-host" / "models"
     publisher = Publisher(registry, vllm.url, "agentlake-policy", cache_dir=serving_host)
 

@@ -15,6 +15,7 @@ import pytest
 
 from agentlake.stack.broker import free_port
 from schemas.config import Settings
+from schemas.lake import Lake
 from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
 from trainer.errors import PublishError
@@ -43,7 +44,7 @@ def two_versions(lake: Path, tiny_model_dir: Path) -> Registry:
         new = range(2 * v, 2 * v + 2)  # new transitions each round: a trained one is never trained again
         write_transitions(lake, [transition(i, prompt, tok("good")["input_ids"], advantage=1.0) for i in new])
         assert train_once(cfg=cfg).version == f"v000{v + 1}"
-    return Registry(str(lake))
+    return Registry(Lake(str(lake)))
 
 
 def _events(settings: Settings) -> list[dict[str, Any]]:

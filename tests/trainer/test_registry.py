@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from schemas.lake import Lake
 from schemas.tables import MODEL_VERSIONS
 from tests.trainer.helpers import transition, write_transitions
 from trainer.config import TrainConfig
@@ -49,7 +50,7 @@ def _add(reg: Registry, n: int, parent: str | None, start: int, end: int) -> str
 
 
 def test_rows_status_history_and_lineage(lake: Path) -> None:
-    reg = Registry(str(lake))
+    reg = Registry(Lake(str(lake)))
     assert reg.rows() == [] and reg.serving() is None
     v1 = _add(reg, 1, None, -1, 3)
     v2 = _add(reg, 2, v1, 3, 7)
@@ -124,7 +125,7 @@ def test_train_once_trains_new_data_then_waits_for_more(lake: Path, tiny_model_d
     assert first.version == "v0001" and first.n_transitions == 8
     assert (first.version_start, first.version_end) == (-1, end)
     assert (Path(first.path) / "adapter_model.safetensors").exists()
-    row = Registry(str(lake)).get("v0001")
+    row = Registry(Lake(str(lake))).get("v0001")
     # A local lake: the checkpoint folder under <lake>/models is the stored artifact (no second copy).
     assert row["artifact_uri"] == first.path == str(lake / "models" / "v0001")
     assert row["manifest_sha256"] == hashlib.sha256((Path(first.path) / "manifest.json").read_bytes()).hexdigest()
@@ -162,7 +163,7 @@ def test_an_older_table_gains_the_new_columns_on_its_next_write(lake: Path) -> N
         "created_at": now,
         "published_at": now,
     }
-    reg = Registry(str(lake))
+    reg = Registry(Lake(str(lake)))
     write_deltalake(reg.uri, pa.Table.from_pylist([old], schema=v1))
     assert reg.get("v0001")["artifact_uri"] is None and reg.serving()["version"] == "v0001"
 
