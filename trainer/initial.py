@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from schemas.config import Settings
+from schemas.lake import Lake
 from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint
 from trainer.config import config_from_settings
@@ -28,7 +29,7 @@ def ensure_initial_policy(settings: Settings, *, vllm_url: str | None = None) ->
     from trainer.train import load_policy  # torch loads here
 
     cfg = config_from_settings(settings, finetune="lora")
-    registry = Registry(cfg.lake_root, cfg.storage_options)
+    registry = Registry(Lake(cfg.lake_root, cfg.storage_options))
     publisher = Publisher.from_settings(settings, vllm_url=vllm_url)
     serving = registry.serving()
     if serving is not None:

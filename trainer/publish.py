@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import KafkaSettings, Settings
+from schemas.lake import Lake
 from trainer.artifacts import local_copy
 from trainer.errors import ArtifactError, PublishError, RegistryError
 from trainer.eval_gate import EvalTask, score
@@ -81,7 +82,7 @@ class Publisher:
         gw = settings.gateway
         kwargs.setdefault("cache_dir", local_model_dir(settings))
         return cls(
-            registry=Registry(*lake_of(settings)),
+            registry=Registry(Lake(*lake_of(settings))),
             vllm_url=vllm_url or settings.vllm.url,
             served_name=settings.model.served_name,
             gateway_url=gw.url,
@@ -157,7 +158,7 @@ class Publisher:
     def local_folder(self, row: dict[str, Any]) -> str:
         """The version's folder on this machine, fetched from the lake and verified when it is not here."""
         try:
-            return str(local_copy(row, cache_dir=self.cache_dir, storage_options=self.registry.storage_options))
+            return str(local_copy(row, cache_dir=self.cache_dir, storage_options=self.registry.lake.storage_options))
         except ArtifactError as exc:
             raise PublishError(str(exc)) from exc
 

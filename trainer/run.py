@@ -50,8 +50,8 @@ class RoundResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def lake_of(cfg: TrainConfig) -> Lake:
-    """The lake a round reads and writes: the registry, the lineage and the transitions are its tables."""
+def config_lake(cfg: TrainConfig) -> Lake:
+    """The lake ``cfg`` names: its registry, lineage and transitions tables are the ones a round reads and writes."""
     return Lake(cfg.lake_root, cfg.storage_options)
 
 
@@ -76,7 +76,7 @@ def read_pending(
     in ``training_lineage``; with one, the ids absent from the snapshot at ``start``.
     """
     explicit = cfg.version_start is not None
-    lineage = lineage or Lineage(lake_of(cfg))
+    lineage = lineage or Lineage(config_lake(cfg))
     exclude = None if explicit else lineage.consumed_ids(lineage.lake.uri(cfg.table))
     return read_transitions(
         lineage.lake,
@@ -104,7 +104,7 @@ def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
 
 def count_pending(cfg: TrainConfig) -> tuple[int, int | None]:
     """(transitions the next round would train on, the table version it would read): the sensor's count."""
-    lake = lake_of(cfg)
+    lake = config_lake(cfg)
     registry = Registry(lake)
     start, end = pending_transitions(cfg, registry)
     if end is None or (cfg.version_start is not None and end <= start) or _caught_up(cfg, registry, end):
@@ -139,7 +139,7 @@ def train_once(
         cfg = config_from_settings(settings, **overrides)
     elif overrides:
         cfg = cfg.replace(**overrides)
-    lake = lake_of(cfg)
+    lake = config_lake(cfg)
     registry = Registry(lake)
     lineage = Lineage(lake)
     start, end = pending_transitions(cfg, registry)
