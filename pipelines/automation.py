@@ -23,7 +23,7 @@ from dagster import (
 )
 
 from pipelines.assets.policy import GPU_TAGS
-from pipelines.ingest import app_id, end_offsets_hint, make_consumer, positions
+from pipelines.ingest import app_id, end_offsets_hint, positions
 from pipelines.resources import KafkaResource, LakeResource, TrainerResource
 from pipelines.retention import maintain
 from schemas.config import Settings
@@ -65,7 +65,7 @@ def pending(lake: Lake, table: str, topic: str, hints: dict[int, int], consumer:
 def records_at(consumer: Any, topic: str, starts: dict[int, int], *, timeout_s: float = 1.5) -> bool:
     """Whether a fetch at ``starts`` (partition -> offset) returns any record within ``timeout_s``.
 
-    ``consumer`` is a group-less kafka-python consumer (``make_consumer``); it is reassigned here.
+    ``consumer`` is a group-less kafka-python consumer (``KafkaResource.consumer``); it is reassigned here.
     An offset past the log's end (a log that went back) resets to the earliest record, so it
     answers yes and the ingestion run reports the reset.
     """
@@ -93,8 +93,7 @@ def records_at(consumer: Any, topic: str, starts: dict[int, int], *, timeout_s: 
 def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: LakeResource) -> SensorResult:
     k = kafka.settings()
     the_lake = lake.lake()
-    consumer = make_consumer(k)
-    try:
+    with kafka.consumer() as consumer:
         hints = {
             "spans": end_offsets_hint(consumer, k.spans_topic),
             "rewards": end_offsets_hint(consumer, k.rewards_topic),
@@ -106,8 +105,6 @@ def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: L
             pending(the_lake, t, k.spans_topic if t == "spans" else k.rewards_topic, h, consumer)
             for t, h in hints.items()
         )
-    finally:
-        consumer.close()
     committed = {
         t: the_lake.txns(t, [app_id(k.spans_topic if t == "spans" else k.rewards_topic, p) for p in h])
         for t, h in hints.items()
@@ -126,9 +123,7 @@ def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: L
     )
 )
 def compact_and_vacuum(context: OpExecutionContext, lake: LakeResource) -> None:
-    from schemas.config import load_settings
-
-    maintain(lake.lake(), load_settings().lake.retention_days, log=context.log.info)
+    maintain(lake.lake(), lake.retention_days, log=context.log.info)
 
 
 @job(description="Nightly Delta maintenance.")

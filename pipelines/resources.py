@@ -1,4 +1,5 @@
-"""Dagster resources: the lake, Kafka and the policy tokenizer, configured from agentlake settings.
+"""Dagster resources: the clients assets and sensors use (the lake, Kafka consumers, credit settings,
+the policy's tokenizer, the trainer), configured once from agentlake settings when the code location loads.
 
 Assets receive these instead of reading settings themselves, so tests swap in a temporary lake
 and a test broker, and a deployment sets them with environment variables.
@@ -16,10 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar
 
+from pipelines.ingest import make_consumer
 from pipelines.retokenize import Retokenizer, load, tokenizer_dir
 from schemas.config import ENV_PREFIX, CreditSettings, KafkaSettings, Settings, load_settings
 from schemas.errors import ConfigError, LakeError
@@ -53,7 +57,8 @@ def _resolved(value: str) -> str:
 
 
 class LakeResource(ConfigurableResource):
-    """Where the Delta tables live: a folder or an object-store URI plus storage options.
+    """The lake's client: hands out the ``Lake`` (a folder or an object-store URI plus storage options)
+    and knows how long each table keeps its rows (``retention_days``, the nightly maintenance's).
 
     From settings (``resources_from_settings``): under `agentlake up` the stack's lake (by default the
     local object store's bucket, its options in ``AGENTLAKE_LAKE__STORAGE_OPTIONS``). ``unavailable``
@@ -65,6 +70,7 @@ class LakeResource(ConfigurableResource):
     storage_options: dict[str, str] = {}
     secret_options: str = ""
     unavailable: str = ""
+    retention_days: dict[str, int] = {}
 
     def options(self) -> dict[str, str]:
         """Every storage option, the secret ones included."""
@@ -81,11 +87,21 @@ class LakeResource(ConfigurableResource):
 KAFKA_SECRETS = ("sasl_password", "ssl_key_password")
 
 
+def running_stack_kafka() -> KafkaSettings:
+    """The Kafka section as settings load now, the running `agentlake up` included.
+
+    For a code location that loaded before `agentlake up` started the local broker: its settings had
+    no Kafka address then, and the stack file names one now. The only settings read at run time.
+    """
+    return load_settings().kafka
+
+
 class KafkaResource(ConfigurableResource):
-    """The agentlake `kafka` settings section: servers and topics, and the rest (security, TLS files,
-    sizes, CRC checks) as JSON in ``options_json``, so every Kafka setting reaches ingestion's clients.
-    The passwords are not part of it: ``sasl_password`` / ``ssl_key_password`` are ``EnvVar``s (empty:
-    read from this process's settings)."""
+    """Kafka's client: the `kafka` settings section (``settings()``, what ingestion's clients are built
+    from) and group-less consumers (``consumer()``). Servers and topics are fields; the rest (security,
+    TLS files, sizes, CRC checks) is JSON in ``options_json``. The passwords are not part of it:
+    ``sasl_password`` / ``ssl_key_password`` are ``EnvVar``s. No servers: the running stack's
+    (``running_stack_kafka``)."""
 
     bootstrap_servers: str
     spans_topic: str
@@ -96,76 +112,130 @@ class KafkaResource(ConfigurableResource):
     ssl_key_password: str = ""
 
     def settings(self) -> KafkaSettings:
-        loaded = load_settings().kafka
-        # Empty: the code location loaded before `agentlake up`; look for the running stack now.
-        bootstrap = self.bootstrap_servers or loaded.bootstrap_servers
+        stack = None if self.bootstrap_servers else running_stack_kafka()
+        bootstrap = self.bootstrap_servers or (stack.bootstrap_servers if stack else "")
         if not bootstrap:
             raise ConfigError("no Kafka address: start the stack with `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
-        options = json.loads(self.options_json)
+        passwords = {
+            key: _resolved(getattr(self, key)) or (getattr(stack, key) if stack else "") for key in KAFKA_SECRETS
+        }
         return KafkaSettings(
-            **options,
-            **{key: _resolved(getattr(self, key)) or getattr(loaded, key) for key in KAFKA_SECRETS},
+            **json.loads(self.options_json),
+            **passwords,
             bootstrap_servers=bootstrap,
             spans_topic=self.spans_topic,
             rewards_topic=self.rewards_topic,
         )
 
+    @contextmanager
+    def consumer(self) -> Iterator[Any]:
+        """A kafka-python consumer with no group (offset look-ups and probes), closed afterwards."""
+        consumer = make_consumer(self.settings())
+        try:
+            yield consumer
+        finally:
+            consumer.close()
 
-class PolicyResource(ConfigurableResource):
-    """The credit settings and the policy's tokenizer folder (for calls recorded without token ids)."""
 
-    tokenizer_path: str = ""
+class CreditResource(ConfigurableResource):
+    """How rewards become returns and advantages, and when an idle rollout times out (``credit`` settings)."""
+
     credit: dict[str, Any] = {}
-    idle_timeout_s: float = 300.0
 
-    def credit_settings(self) -> CreditSettings:
+    def settings(self) -> CreditSettings:
         return CreditSettings(**self.credit)
+
+
+class TokenizerResource(ConfigurableResource):
+    """The policy's tokenizer folder, for LLM calls recorded without token ids (retokenized)."""
+
+    path: str = ""
 
     def retokenizer(self) -> Retokenizer | None:
         """None when no tokenizer folder exists: such calls are then dropped and counted."""
-        if not self.tokenizer_path or not os.path.isdir(self.tokenizer_path):
+        if not self.path or not os.path.isdir(self.path):
             return None
-        return load(self.tokenizer_path)
+        return load(self.path)
 
 
 class TrainerResource(ConfigurableResource):
-    """Trainer and publishing settings; the rest comes from agentlake settings (file and environment)."""
+    """Training rounds and publishing: the settings they read, taken once when the code location loads.
 
+    The sections the trainer and the publisher read (``trainer``, ``model``, ``vllm``, ``gateway`` and
+    the state folder) are fields; the lake and Kafka are the resources above; the gateway's admin token
+    is an ``EnvVar``. ``min_new_transitions`` overrides ``trainer.min_new_transitions``.
+    """
+
+    lake: LakeResource
+    kafka: KafkaResource
+    trainer: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+    vllm: dict[str, Any] = {}
+    gateway: dict[str, Any] = {}
+    state_dir: str = ".agentlake"
+    gateway_admin_token: str = ""
     publish: bool = True
     min_new_transitions: int | None = None
 
     def settings(self) -> Settings:
-        s = load_settings()
+        """The settings ``trainer.run.train_once`` and ``Publisher.from_settings`` take."""
+        lake = self.lake.lake()  # a stopped local store is an error now, not a refused connection later
+        try:
+            kafka = self.kafka.settings()
+        except ConfigError:  # no broker anywhere: a round trains all the same, and sends no release event
+            kafka = KafkaSettings()
+        trainer = dict(self.trainer)
         if self.min_new_transitions is not None:
-            s.trainer.min_new_transitions = self.min_new_transitions
-        return s
+            trainer["min_new_transitions"] = self.min_new_transitions
+        return Settings.model_validate(
+            {
+                "state": {"dir": self.state_dir},
+                "lake": {"root": lake.root, "storage_options": dict(lake.storage_options)},
+                "kafka": kafka.model_dump(),
+                "trainer": trainer,
+                "model": self.model,
+                "vllm": self.vllm,
+                "gateway": {**self.gateway, "admin_token": _resolved(self.gateway_admin_token)},
+            }
+        )
 
 
 def resources_from_settings(settings: Settings | None = None) -> dict[str, ConfigurableResource]:
     """Resources for the code location, read from agentlake.toml and the environment."""
     s = settings or load_settings()
-    model_dir = tokenizer_dir(s)
-    credit = s.credit.model_dump()
-    idle = credit.pop("idle_timeout_s")
     options = {k: v for k, v in s.lake.storage_options.items() if not is_secret_option(k)}
     secret_options = {k: v for k, v in s.lake.storage_options.items() if is_secret_option(k)}
     kafka_secrets = {key: secret_env("kafka", key, v) for key in KAFKA_SECRETS if (v := getattr(s.kafka, key))}
+    lake = LakeResource(
+        root=s.lake.root,
+        storage_options=options,
+        secret_options=secret_env("lake", "storage_options", json.dumps(secret_options)) if secret_options else "",
+        unavailable=s.lake.unavailable or "",
+        retention_days=dict(s.lake.retention_days),
+    )
+    kafka = KafkaResource(
+        bootstrap_servers=s.kafka.bootstrap_servers,  # explicit, else the running `agentlake up`
+        spans_topic=s.kafka.spans_topic,
+        rewards_topic=s.kafka.rewards_topic,
+        options_json=s.kafka.model_dump_json(
+            exclude={"bootstrap_servers", "spans_topic", "rewards_topic", *KAFKA_SECRETS}
+        ),
+        **kafka_secrets,
+    )
+    admin = s.gateway.admin_token
     return {
-        "lake": LakeResource(
-            root=s.lake.root,
-            storage_options=options,
-            secret_options=secret_env("lake", "storage_options", json.dumps(secret_options)) if secret_options else "",
-            unavailable=s.lake.unavailable or "",
+        "lake": lake,
+        "kafka": kafka,
+        "credit": CreditResource(credit=s.credit.model_dump(mode="json", exclude_none=True)),
+        "tokenizer": TokenizerResource(path=tokenizer_dir(s)),
+        "trainer": TrainerResource(
+            lake=lake,
+            kafka=kafka,
+            trainer=s.trainer.model_dump(mode="json", exclude_none=True),
+            model=s.model.model_dump(mode="json", exclude_none=True),
+            vllm=s.vllm.model_dump(mode="json", exclude_none=True),
+            gateway=s.gateway.model_dump(mode="json", exclude={"admin_token"}, exclude_none=True),
+            state_dir=str(s.state.dir),
+            gateway_admin_token=secret_env("gateway", "admin_token", admin) if admin else "",
         ),
-        "kafka": KafkaResource(
-            bootstrap_servers=s.kafka.bootstrap_servers,  # explicit, else the running `agentlake up`
-            spans_topic=s.kafka.spans_topic,
-            rewards_topic=s.kafka.rewards_topic,
-            options_json=s.kafka.model_dump_json(
-                exclude={"bootstrap_servers", "spans_topic", "rewards_topic", *KAFKA_SECRETS}
-            ),
-            **kafka_secrets,
-        ),
-        "policy": PolicyResource(tokenizer_path=model_dir, credit=credit, idle_timeout_s=idle),
-        "trainer": TrainerResource(),
     }

@@ -13,11 +13,12 @@ REWARDS_POOL = "agentlake-rewards"
 
 @asset(group_name="bronze", pool=SPANS_POOL, description="One row per span, decoded from agentlake.spans.v1.")
 def spans(context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResource) -> MaterializeResult:
-    res = ingest(lake.lake(), kafka.settings(), "spans", batch_records=kafka.batch_records)
+    the_lake = lake.lake()
+    res = ingest(the_lake, kafka.settings(), "spans", batch_records=kafka.batch_records)
     context.log.info(f"spans: {res.records} records, {res.rows} rows, {res.quarantined} quarantined")
     meta = res.metadata()
     meta["spans_per_s"] = round(res.rows / res.seconds, 1) if res.seconds else 0.0
-    meta["delta_version"] = lake.lake().version("spans") or 0
+    meta["delta_version"] = the_lake.version("spans") or 0
     meta["next_offsets"] = MetadataValue.json({str(k): v for k, v in res.next_offsets.items()})
     return MaterializeResult(metadata=meta)
 
@@ -29,12 +30,12 @@ def spans(context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResour
     description="Rewards from reward spans and from late events on agentlake.rewards.v1.",
 )
 def rewards(context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResource) -> MaterializeResult:
-    k = kafka.settings()
-    events = ingest(lake.lake(), k, "rewards", batch_records=kafka.batch_records)
-    from_spans = extract_span_rewards(lake.lake(), k.spans_topic)
+    k, the_lake = kafka.settings(), lake.lake()
+    events = ingest(the_lake, k, "rewards", batch_records=kafka.batch_records)
+    from_spans = extract_span_rewards(the_lake, k.spans_topic)
     context.log.info(f"rewards: {events.rows} events, {from_spans} from spans, {events.quarantined} quarantined")
     meta = events.metadata()
     meta["rows"] = events.rows + from_spans
     meta["from_spans"] = from_spans
-    meta["delta_version"] = lake.lake().version("rewards") or 0
+    meta["delta_version"] = the_lake.version("rewards") or 0
     return MaterializeResult(metadata=meta)

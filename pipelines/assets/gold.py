@@ -5,7 +5,7 @@ import time
 from dagster import AssetExecutionContext, AutomationCondition, MaterializeResult, asset
 
 from pipelines.assets.silver import trajectories
-from pipelines.resources import LakeResource, PolicyResource
+from pipelines.resources import CreditResource, LakeResource, TokenizerResource
 from pipelines.steps import update_transitions
 
 
@@ -15,9 +15,11 @@ from pipelines.steps import update_transitions
     automation_condition=AutomationCondition.eager() & AutomationCondition.all_deps_blocking_checks_passed(),
     description="One row per LLM call of a finished trajectory, with reward, return and advantage.",
 )
-def transitions(context: AssetExecutionContext, lake: LakeResource, policy: PolicyResource) -> MaterializeResult:
+def transitions(
+    context: AssetExecutionContext, lake: LakeResource, credit: CreditResource, tokenizer: TokenizerResource
+) -> MaterializeResult:
     t0 = time.perf_counter()
-    res = update_transitions(lake.lake(), policy.credit_settings(), retokenizer=policy.retokenizer)
+    res = update_transitions(lake.lake(), credit.settings(), retokenizer=tokenizer.retokenizer)
     context.log.info(f"transitions: {res.rows} rows from {res.rollouts} rollouts")
     meta = res.metadata()
     meta["seconds"] = round(time.perf_counter() - t0, 3)

@@ -5,7 +5,7 @@ import time
 from dagster import AssetExecutionContext, AutomationCondition, MaterializeResult, asset
 
 from pipelines.assets.bronze import rewards, spans
-from pipelines.resources import KafkaResource, LakeResource, PolicyResource
+from pipelines.resources import CreditResource, KafkaResource, LakeResource
 from pipelines.steps import update_trajectories
 
 # New spans or rewards, or every 15 minutes so idle rollouts reach `timed_out` without new data;
@@ -23,10 +23,10 @@ _CONDITION = (
     description="One row per rollout attempt: status, calls in order, rewards, final reward.",
 )
 def trajectories(
-    context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResource, policy: PolicyResource
+    context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResource, credit: CreditResource
 ) -> MaterializeResult:
     t0 = time.perf_counter()
-    res = update_trajectories(lake.lake(), kafka.settings(), idle_timeout_s=policy.idle_timeout_s)
+    res = update_trajectories(lake.lake(), kafka.settings(), idle_timeout_s=credit.settings().idle_timeout_s)
     context.log.info(f"trajectories: {res.rollouts} rollouts re-assembled")
     meta = res.metadata()
     meta["seconds"] = round(time.perf_counter() - t0, 3)

@@ -12,7 +12,7 @@ from dagster import build_op_context
 
 from pipelines.automation import compact_and_vacuum
 from pipelines.forget import TIME_COLUMNS, honour, recorded
-from pipelines.resources import LakeResource
+from pipelines.resources import resources_from_settings
 from pipelines.retention import maintain
 from schemas.config import RETENTION_TABLES, load_settings
 from schemas.errors import ConfigError
@@ -135,7 +135,8 @@ def test_the_maintenance_op_reads_retention_from_settings(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)  # no agentlake.toml here
     monkeypatch.setenv("AGENTLAKE_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("AGENTLAKE_LAKE__RETENTION_DAYS", '{"rewards": 20}')
-    compact_and_vacuum(build_op_context(resources={"lake": LakeResource(root=lake.root)}))
+    monkeypatch.setenv("AGENTLAKE_LAKE", lake.root)
+    compact_and_vacuum(build_op_context(resources={"lake": resources_from_settings()["lake"]}))
     assert ages_left(lake, "rewards", "event_time", now) == [0, 10]
     assert lake.scan("deletions").select(pl.col("kind")).collect()["kind"].to_list() == ["retention"]  # type: ignore[union-attr]
 
