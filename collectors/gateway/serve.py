@@ -16,7 +16,8 @@ import httpx
 import uvicorn
 
 from collectors.errors import CollectorError
-from collectors.gateway.app import Gateway, create_app
+from collectors.gateway.proxy import Gateway
+from collectors.gateway.routes import create_app
 from collectors.gateway.spill import SpillSink
 from collectors.kafka_sink import KafkaSink
 from collectors.listen import QuietServer, bind

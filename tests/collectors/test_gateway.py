@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from collectors.gateway.app import Gateway, create_app
+from collectors.gateway.proxy import Gateway
+from collectors.gateway.routes import create_app
 from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink
 from schemas import attributes as A
@@ -186,7 +187,7 @@ def client_for(gateway: Gateway) -> httpx.AsyncClient:
 
 async def settle(gateway: Gateway) -> None:
     for _ in range(100):
-        if not gateway._background:
+        if not gateway.recorder.pending:
             return
         await asyncio.sleep(0.01)
 

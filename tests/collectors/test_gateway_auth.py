@@ -27,7 +27,7 @@ import pytest
 from dagster import materialize
 
 from agentlake.stack.broker import free_port
-from collectors.gateway.app import Gateway
+from collectors.gateway.proxy import Gateway
 from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink
 from pipelines.assets import all_assets
@@ -326,7 +326,7 @@ def test_another_tenant_cannot_join_or_end_a_rollout(
     )
     assert r.status_code == 200, r.text
     assert httpx.post(f"{base}/rollout/shared/end", json={"reward": 1.0}, headers=BETA, timeout=30).status_code == 200
-    wait_until(lambda: server.gateway.recorded_spans == 5 and server.spill.records == 0, 20, "spans in Kafka")
+    wait_until(lambda: server.gateway.recorder.recorded_spans == 5 and server.spill.records == 0, 20, "spans in Kafka")
 
     wanted = {"spans", "rewards", "trajectories"}  # not the policy: training is not under test
     assets = [a for a in all_assets if {k.to_user_string() for k in a.keys} <= wanted]

@@ -232,5 +232,5 @@ def test_still_serving_after_the_fuzz(stack: tuple[str, GatewayServer, MemorySin
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     wait_until(lambda: server.gateway.in_flight == 0, 10, "no call in flight")
     wait_until(lambda: server.spill.records == 0, 20, "the spill emptied into the sink")
-    assert server.gateway.record_failures == 0 and server.spill.dropped == 0
-    assert len(sink.records) >= server.gateway.recorded_spans > 0
+    assert server.gateway.recorder.record_failures == 0 and server.spill.dropped == 0
+    assert len(sink.records) >= server.gateway.recorder.recorded_spans > 0

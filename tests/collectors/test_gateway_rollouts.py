@@ -69,7 +69,7 @@ def test_gateway_only_rollouts_run_until_ended_and_keep_every_choice(
         chat(base, "/rollout/gw-path/v1/chat/completions", headers=task)
     chat(base, n=2, headers={**task, "x-agentlake-rollout-id": "gw-n"})  # named by header, two choices
     chat(base)  # plain traffic, no rollout named: a rollout of one call, finished at once as before
-    wait_until(lambda: server.gateway.recorded_spans == 6 and server.spill.records == 0, 20, "spans in Kafka")
+    wait_until(lambda: server.gateway.recorder.recorded_spans == 6 and server.spill.records == 0, 20, "spans in Kafka")
 
     materialize_all(settings)
     traj = {r["rollout_id"]: r for r in table(settings, "trajectories").to_dicts()}
@@ -84,7 +84,7 @@ def test_gateway_only_rollouts_run_until_ended_and_keep_every_choice(
     for rollout, reward in (("gw-path", 1.0), ("gw-n", 0.0)):
         r = httpx.post(f"{base}/rollout/{rollout}/end", json={"reward": reward}, timeout=30)
         assert r.status_code == 200, r.text
-    wait_until(lambda: server.spill.records == 0 and server.gateway.recorded_spans == 8, 20, "ends in Kafka")
+    wait_until(lambda: server.spill.records == 0 and server.gateway.recorder.recorded_spans == 8, 20, "ends in Kafka")
 
     materialize_all(settings)
     traj = {r["rollout_id"]: r for r in table(settings, "trajectories").to_dicts()}

@@ -87,7 +87,7 @@ def test_calls_wait_on_disk_across_a_restart_and_reach_kafka_once_in_order(tmp_p
     with running_gateway(settings) as (base, server):
         for i in range(3):
             call(base, f"call {i}")
-        wait_until(lambda: server.gateway.recorded_spans == 3, 10, "calls in the spill")
+        wait_until(lambda: server.gateway.recorder.recorded_spans == 3, 10, "calls in the spill")
         spill = spill_of(base)
         assert spill["records"] == 3 and spill["dropped"] == 0 and spill["last_error"]
         assert gateway_spill(f"{base}/health", timeout_s=5).startswith("spill: 3 calls")  # `agentlake status`
@@ -133,7 +133,8 @@ def test_a_full_spill_drops_and_counts_but_answers_the_client(tmp_path: Path) ->
         big = "x" * (25 << 10)  # ~25 KiB of prompt per span: two fit in 64 KiB, the third does not
         for i in range(3):
             call(base, f"{i} {big}")
-        wait_until(lambda: server.gateway.recorded_spans + server.gateway.record_failures == 3, 10, "3 calls")
+        recorder = server.gateway.recorder
+        wait_until(lambda: recorder.recorded_spans + recorder.record_failures == 3, 10, "3 calls")
         spill = spill_of(base)
         assert spill["records"] == 2 and spill["dropped"] == 1 and int(spill["bytes"]) <= 64 << 10
         assert httpx.get(f"{base}/health", timeout=5).json()["record_failures"] == 1

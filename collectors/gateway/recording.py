@@ -1,0 +1,294 @@
+"""What a proxied LLM call becomes: the request vLLM gets, the answer the client gets, the calls recorded.
+
+Upstream, the gateway always asks vLLM for ``return_token_ids`` and logprobs (and streamed usage);
+to the client it returns the normal OpenAI shape, keeping those extras only where the client asked
+for them. Each choice of each call becomes one ``agentlake.llm.call`` span in the caller's trace
+(``traceparent``), carrying exact token ids, logprobs, served model, adapter and policy version;
+with ``n > 1`` each choice is its own call, with its own response id (``<id>#<index>`` after the
+first). Spans go to the sink after the response, off the client's latency path.
+
+Kept apart from the HTTP transport (collectors.gateway.proxy and .routes), so each rule is a plain
+function or class over request/response dicts, tested without a server: ``upstream_body``,
+``ClientExtras``, ``StreamedAnswer`` (a stream gathered into the non-streamed shape),
+``request_call`` / ``choice_calls``, ``served_policy``; ``CallRecorder`` hands the calls to the span
+builder (collectors.gateway.spans) and the sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import PurePath
+from typing import Any, Literal
+
+from collectors.gateway.spans import LlmCall, new_ids, rollout_end_record, span_record
+from collectors.gateway.spill import SpillFull
+from collectors.sink import RecordSink
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completions"]
+# (adapter, policy version) of a served model name on one upstream
+PolicyLookup = Callable[[str, str | None], Awaitable[tuple[str | None, str | None]]]
+
+
+def upstream_body(body: dict[str, Any], kind: Kind) -> dict[str, Any]:
+    """The upstream request: the client's, plus token ids, logprobs and streamed usage."""
+    up = dict(body)
+    up["return_token_ids"] = True
+    if kind == "chat":
+        if not up.get("logprobs"):
+            up["logprobs"] = True
+    elif up.get("logprobs") is None:
+        up["logprobs"] = 0  # vLLM completions: the sampled token's logprob, no alternatives
+    if up.get("stream"):
+        options = up.get("stream_options")
+        up["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return up
+
+
+class ClientExtras:
+    """Which extras the client itself asked for (those stay in its answer)."""
+
+    def __init__(self, body: dict[str, Any], kind: Kind) -> None:
+        self.ids = body.get("return_token_ids") is True
+        lp = body.get("logprobs")
+        self.logprobs = bool(lp) if kind == "chat" else lp is not None
+        options = body.get("stream_options")
+        self.usage = isinstance(options, dict) and bool(options.get("include_usage"))
+
+    def strip(self, data: dict[str, Any], *, chunk: bool = False) -> dict[str, Any] | None:
+        """The answer (or stream ``chunk``) less the extras the client did not ask for; None: skip it."""
+        if chunk and not self.usage and data.get("usage") is not None and not data.get("choices"):
+            return None  # the usage-only chunk we asked for on our own behalf
+        if chunk and not self.usage:
+            data.pop("usage", None)
+        if not self.ids:
+            data.pop("prompt_token_ids", None)
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if not self.ids:
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
+            if not self.logprobs and "logprobs" in choice:
+                choice["logprobs"] = None
+        return data
+
+
+def choice_logprobs(choice: dict[str, Any], kind: Kind) -> list[float] | None:
+    """The sampled tokens' logprobs of one choice (chat or completions shape), or None."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if kind == "chat":
+        content = lp.get("content")
+        return [float(t["logprob"]) for t in content] if isinstance(content, list) else None
+    values = lp.get("token_logprobs")
+    return [float(x) if x is not None else float("nan") for x in values] if isinstance(values, list) else None
+
+
+class StreamedAnswer:
+    """Accumulates a streamed answer, choice by choice, into what the spans need."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.meta: dict[str, Any] = {}
+        self.prompt_ids: list[int] | None = None
+        self.choices: dict[int, dict[str, Any]] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for k in ("id", "model"):
+            if chunk.get(k) and k not in self.meta:
+                self.meta[k] = chunk[k]
+        if chunk.get("usage"):
+            self.meta["usage"] = chunk["usage"]
+        if self.prompt_ids is None and isinstance(chunk.get("prompt_token_ids"), list):
+            self.prompt_ids = chunk["prompt_token_ids"]
+        for c in chunk.get("choices") or ():
+            if not isinstance(c, dict):
+                continue
+            acc = self.choices.setdefault(int(c.get("index", 0)), {"ids": [], "lps": [], "text": [], "prompt": None})
+            acc["ids"].extend(c.get("token_ids") or ())
+            acc["lps"].extend(choice_logprobs(c, self.kind) or ())
+            if isinstance(c.get("prompt_token_ids"), list):
+                acc["prompt"] = c["prompt_token_ids"]
+            piece = (c.get("delta") or {}).get("content") if self.kind == "chat" else c.get("text")
+            if isinstance(piece, str):
+                acc["text"].append(piece)
+            if c.get("finish_reason"):
+                acc["finish"] = c["finish_reason"]
+
+    def as_response(self) -> dict[str, Any]:
+        """The equivalent non-streamed answer, so both paths record spans the same way."""
+        choices = []
+        for i, acc in sorted(self.choices.items()):
+            text = "".join(acc["text"])
+            choice: dict[str, Any] = {"index": i, "token_ids": acc["ids"], "finish_reason": acc.get("finish")}
+            if acc["prompt"] is not None:
+                choice["prompt_token_ids"] = acc["prompt"]
+            if self.kind == "chat":
+                choice["message"] = {"role": "assistant", "content": text}
+                choice["logprobs"] = {"content": [{"logprob": x} for x in acc["lps"]]}
+            else:
+                choice["text"] = text
+                choice["logprobs"] = {"token_logprobs": acc["lps"]}
+            choices.append(choice)
+        return {**self.meta, "prompt_token_ids": self.prompt_ids, "choices": choices}
+
+
+def request_call(
+    body: dict[str, Any],
+    kind: Kind,
+    *,
+    parent: tuple[bytes, bytes] | None,
+    upstream: str,
+    ids: dict[str, str],
+    tenant: str,
+) -> LlmCall:
+    """The call as the request names it (answer still unknown): in the caller's trace when ``parent``."""
+    trace_id, span_id = new_ids()
+    if parent:
+        trace_id = parent[0]
+    return LlmCall(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent[1] if parent else None,
+        start_ns=time.time_ns(),
+        operation="chat" if kind == "chat" else "text_completion",
+        upstream=upstream,
+        streamed=bool(body.get("stream")),
+        request_model=body.get("model") if isinstance(body.get("model"), str) else None,
+        request_messages=body.get("messages") if kind == "chat" else body.get("prompt"),
+        ids=ids,
+        tenant=tenant,
+    )
+
+
+def choice_calls(data: dict[str, Any], base: LlmCall, kind: Kind) -> list[LlmCall]:
+    """One recorded call per choice of the answer ``data``; the first keeps ``base``'s span id."""
+    choices = [c for c in data.get("choices") or () if isinstance(c, dict)] or [{}]
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    calls = []
+    for n, choice in enumerate(choices):
+        trace_id, span_id = base.trace_id, base.span_id if n == 0 else new_ids()[1]
+        prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
+        output = choice.get("message") if kind == "chat" else {"role": "assistant", "content": choice.get("text")}
+        index = choice.get("index", n)
+        ids = choice.get("token_ids") if isinstance(choice.get("token_ids"), list) else None
+        own_usage = usage or {}
+        if len(choices) > 1 and ids is not None:  # usage counts every choice; each call its own
+            own_usage = {**own_usage, "completion_tokens": len(ids)}
+        calls.append(
+            LlmCall(
+                trace_id=trace_id,
+                span_id=span_id,
+                parent_span_id=base.parent_span_id,
+                start_ns=base.start_ns,
+                end_ns=base.end_ns,
+                operation=base.operation,
+                upstream=base.upstream,
+                streamed=base.streamed,
+                request_model=base.request_model,
+                request_messages=base.request_messages,
+                response_model=data.get("model"),
+                response_id=data.get("id"),
+                prompt_token_ids=prompt if isinstance(prompt, list) else None,
+                completion_token_ids=ids,
+                completion_logprobs=choice_logprobs(choice, kind),
+                output_message=output,
+                finish_reason=choice.get("finish_reason"),
+                usage=own_usage,
+                ids=base.ids,
+                tenant=base.tenant,
+                choice_index=index if isinstance(index, int) and index >= 0 else n,
+            )
+        )
+    return calls
+
+
+def served_policy(
+    model: str | None, listed: Mapping[str, tuple[str | None, str | None]]
+) -> tuple[str | None, str | None]:
+    """(adapter, policy version) of a served model name, given the upstream's models as {id: (parent, root)}.
+
+    An adapter's version is the last part of its path (the trainer saves each version in a
+    folder named after it and hot-loads a new path per version); a base model's is its name.
+    """
+    if not model:
+        return None, None
+    parent, root = listed.get(model, (None, None))
+    if parent and root:
+        return model, f"{model}@{PurePath(str(root).rstrip('/')).name}"
+    return (model if parent else None), model
+
+
+class CallRecorder:
+    """Writes recorded calls as spans to ``sink``, in the background; counts what was kept and lost.
+
+    Spans are handed to ``sink`` once, with no retry: the server gives the disk spill
+    (collectors.gateway.spill), which takes every call unless it is full, and retries Kafka itself.
+    ``policy`` names each call's adapter and policy version from its upstream and served model.
+    """
+
+    def __init__(self, sink: RecordSink, *, topic: str, policy: PolicyLookup) -> None:
+        self.sink = sink
+        self.topic = topic
+        self.policy = policy
+        self.pending: set[asyncio.Task[None]] = set()
+        self.recorded_spans = 0
+        self.record_failures = 0  # calls lost: the spill was full, or the sink refused them
+
+    def record(self, calls: Sequence[LlmCall]) -> None:
+        """Write the spans in the background; ``close`` waits for them."""
+        task = asyncio.ensure_future(self._write(calls))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _write(self, calls: Sequence[LlmCall]) -> None:
+        """Hand the calls' spans to the sink: the spill, which keeps them until Kafka has them."""
+        try:
+            for call in calls:
+                call.adapter, call.policy_version = await self.policy(call.upstream, call.response_model)
+            now = time.time_ns()
+            records = [span_record(c, tenant=c.tenant, topic=self.topic, received_at_ns=now) for c in calls]
+            await self.sink.send(records)
+            self.recorded_spans += len(records)
+        except SpillFull as exc:
+            self.record_failures += len(calls)
+            log.error("%s", exc)
+        except Exception:
+            self.record_failures += len(calls)
+            log.exception("LLM call spans were lost")
+
+    async def end_rollout(
+        self,
+        ids: dict[str, str],
+        status: str,
+        *,
+        reward: float | None,
+        reward_name: str | None,
+        tenant: str,
+    ) -> None:
+        """Write the end of a rollout once the calls still being recorded are written; raises what the sink raises."""
+        pending = set(self.pending)
+        if pending:
+            await asyncio.wait(pending, timeout=30)
+        record = rollout_end_record(
+            ids,
+            status,
+            reward=reward,
+            reward_name=reward_name,
+            tenant=tenant,
+            topic=self.topic,
+            now_ns=time.time_ns(),
+        )
+        await self.sink.send([record])
+        self.recorded_spans += 1
+
+    async def close(self) -> None:
+        """Wait for the span writes still under way."""
+        if self.pending:
+            await asyncio.wait(self.pending, timeout=60)

@@ -1,0 +1,140 @@
+"""What a call becomes, checked on plain dicts: no server, no HTTP (collectors.gateway.recording)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from collectors.errors import SinkUnavailable
+from collectors.gateway.recording import (
+    CallRecorder,
+    ClientExtras,
+    StreamedAnswer,
+    choice_calls,
+    request_call,
+    served_policy,
+    upstream_body,
+)
+from collectors.sink import MemorySink
+from schemas import attributes as A
+
+
+def test_upstream_body_forces_ids_logprobs_and_streamed_usage() -> None:
+    body = {"model": "m", "messages": [], "stream": True, "stream_options": {"continuous_usage_stats": False}}
+    up = upstream_body(body, "chat")
+    assert up["return_token_ids"] is True and up["logprobs"] is True
+    assert up["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    assert "return_token_ids" not in body  # the client's request is left as it was
+    assert upstream_body({"prompt": "x"}, "completions")["logprobs"] == 0
+    assert upstream_body({"prompt": "x", "logprobs": 3}, "completions")["logprobs"] == 3
+
+
+def test_client_extras_keep_only_what_the_client_asked_for() -> None:
+    answer = {
+        "prompt_token_ids": [1, 2],
+        "usage": {"completion_tokens": 2},
+        "choices": [{"index": 0, "token_ids": [3, 4], "logprobs": {"content": []}}],
+    }
+    stripped = ClientExtras({"messages": []}, "chat").strip(dict(answer, choices=[dict(answer["choices"][0])]))
+    assert stripped == {"usage": {"completion_tokens": 2}, "choices": [{"index": 0, "logprobs": None}]}
+    kept = ClientExtras({"return_token_ids": True, "logprobs": True}, "chat").strip(
+        dict(answer, choices=[dict(answer["choices"][0])])
+    )
+    assert kept == answer
+    usage_only = {"choices": [], "usage": {"prompt_tokens": 2}}
+    assert ClientExtras({"stream": True}, "chat").strip(usage_only, chunk=True) is None
+
+
+def test_a_streamed_answer_becomes_the_non_streamed_shape() -> None:
+    acc = StreamedAnswer("chat")
+    acc.add({"id": "c1", "model": "m", "prompt_token_ids": [1, 2], "choices": []})
+    for n, piece in enumerate(("Hel", "lo")):
+        lp = {"content": [{"logprob": -0.5 * (n + 1)}]}
+        acc.add(
+            {"id": "c1", "choices": [{"index": 0, "delta": {"content": piece}, "token_ids": [10 + n], "logprobs": lp}]}
+        )
+    acc.add({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": {"completion_tokens": 2}})
+    assert acc.as_response() == {
+        "id": "c1",
+        "model": "m",
+        "usage": {"completion_tokens": 2},
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": [10, 11],
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Hello"},
+                "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.0}]},
+            }
+        ],
+    }
+
+
+def test_each_choice_is_its_own_call_in_the_callers_trace() -> None:
+    parent = (b"\x01" * 16, b"\x02" * 8)
+    base = request_call(
+        {"model": "m", "prompt": "2+2="}, "completions", parent=parent, upstream="u", ids={}, tenant="t"
+    )
+    assert (base.trace_id, base.parent_span_id, base.operation) == (parent[0], parent[1], "text_completion")
+    data = {
+        "id": "cmpl-1",
+        "model": "m",
+        "prompt_token_ids": [5, 6],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 3},
+        "choices": [
+            {"index": 0, "text": "4", "token_ids": [7], "logprobs": {"token_logprobs": [-0.1]}},
+            {"index": 1, "text": "four", "token_ids": [8, 9], "logprobs": {"token_logprobs": [None, -0.2]}},
+        ],
+    }
+    first, second = choice_calls(data, base, "completions")
+    assert first.span_id == base.span_id and second.span_id != base.span_id
+    assert {first.trace_id, second.trace_id} == {parent[0]}
+    assert (first.choice_index, second.choice_index) == (0, 1)
+    assert first.prompt_token_ids == second.prompt_token_ids == [5, 6]
+    assert first.usage["completion_tokens"] == 1 and second.usage["completion_tokens"] == 2
+    assert second.completion_logprobs is not None and math.isnan(second.completion_logprobs[0])
+    assert second.output_message == {"role": "assistant", "content": "four"}
+
+
+def test_served_policy_names_adapter_versions_by_their_folder() -> None:
+    listed = {"policy": ("base", "/models/v0003/"), "base": (None, "/models/base")}
+    assert served_policy("policy", listed) == ("policy", "policy@v0003")
+    assert served_policy("base", listed) == (None, "base")
+    assert served_policy(None, listed) == (None, None)
+
+
+def test_the_recorder_writes_spans_counts_losses_and_ends_rollouts_after_their_calls() -> None:
+    async def policy(upstream: str, model: str | None) -> tuple[str | None, str | None]:
+        return None, model
+
+    async def scenario() -> tuple[MemorySink, CallRecorder, CallRecorder]:
+        sink = MemorySink()
+        recorder = CallRecorder(sink, topic="spans", policy=policy)
+        base = request_call({"model": "m", "messages": []}, "chat", parent=None, upstream="u", ids={}, tenant="t")
+        recorder.record(choice_calls({"model": "m", "choices": [{"index": 0}]}, base, "chat"))
+        await recorder.end_rollout({A.ROLLOUT_ID: "r1"}, "finished", reward=1.0, reward_name=None, tenant="t")
+        down = MemorySink()
+        down.down = True
+        lossy = CallRecorder(down, topic="spans", policy=policy)
+        lossy.record([base])
+        await lossy.close()
+        return sink, recorder, lossy
+
+    sink, recorder, lossy = asyncio.run(scenario())
+    assert recorder.recorded_spans == 2 and len(sink.records) == 2  # the call, then the end
+    assert (lossy.recorded_spans, lossy.record_failures) == (0, 1)
+
+
+def test_the_end_of_a_rollout_raises_what_the_sink_raises() -> None:
+    async def policy(upstream: str, model: str | None) -> tuple[str | None, str | None]:
+        return None, None
+
+    down = MemorySink()
+    down.down = True
+    recorder = CallRecorder(down, topic="spans", policy=policy)
+    with pytest.raises(SinkUnavailable, match="marked down"):
+        asyncio.run(recorder.end_rollout({A.ROLLOUT_ID: "r1"}, "failed", reward=None, reward_name=None, tenant="t"))
+    assert recorder.recorded_spans == 0
