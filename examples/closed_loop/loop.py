@@ -97,7 +97,7 @@ def evaluate(settings: Settings, plan: LoopPlan, *, on_progress: Step = lambda _
 def serving_version(settings: Settings) -> str:
     from trainer.registry import Registry
 
-    row = Registry(settings.lake.root, dict(settings.lake.storage_options)).serving()
+    row = Registry(Lake.from_settings(settings)).serving()
     return str(row["version"]) if row else "base"
 
 
@@ -260,7 +260,7 @@ def _last_loss(settings: Settings, version: str) -> float | None:
     from trainer.registry import Registry
 
     try:
-        row = Registry(settings.lake.root, dict(settings.lake.storage_options)).get(version)
+        row = Registry(Lake.from_settings(settings)).get(version)
     except Exception:  # noqa: BLE001 - "base" or a registry hiccup: no loss to show
         return None
     metrics = json.loads(row.get("metrics") or "{}")
