@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,16 +27,9 @@ from pipelines.retokenize import Retokenizer, load, tokenizer_dir
 from schemas.config import ENV_PREFIX, CreditSettings, KafkaSettings, Settings, load_settings
 from schemas.errors import ConfigError, LakeError
 from schemas.lake import Lake
+from schemas.storage import is_secret_option
 
 SECRET_ENV_PREFIX = "SECRET_AGENTLAKE_"
-# Storage options that are credentials (delta-rs / object_store keys): AWS_SECRET_ACCESS_KEY,
-# AWS_SESSION_TOKEN, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, GOOGLE_SERVICE_ACCOUNT_KEY ...
-_SECRET_OPTION = re.compile(r"secret|password|token|sas|_key$", re.IGNORECASE)
-
-
-def is_secret_option(key: str) -> bool:
-    """True for a storage option that holds a credential (an access key id is not one)."""
-    return bool(_SECRET_OPTION.search(key))
 
 
 def secret_env(section: str, key: str, value: str) -> EnvVar:

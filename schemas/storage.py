@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
@@ -19,6 +20,21 @@ import pyarrow.fs as pafs
 from schemas.uris import is_local, local_path, normalize_uri
 
 CHUNK = 8 << 20  # bytes per read and write when copying files
+
+
+# Storage options that are credentials (delta-rs / object_store keys): AWS_SECRET_ACCESS_KEY,
+# AWS_SESSION_TOKEN, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, GOOGLE_SERVICE_ACCOUNT_KEY ...
+_SECRET_OPTION = re.compile(r"secret|password|token|sas|_key$", re.IGNORECASE)
+
+
+def is_secret_option(key: str) -> bool:
+    """True for a storage option that holds a credential (an access key id is not one)."""
+    return bool(_SECRET_OPTION.search(key))
+
+
+def without_secrets(storage_options: Mapping[str, str]) -> dict[str, str]:
+    """The options with every credential's value masked: what may be stored or shown."""
+    return {k: ("***" if is_secret_option(k) else v) for k, v in storage_options.items()}
 
 
 def _opts(storage_options: Mapping[str, str] | None) -> dict[str, str]:

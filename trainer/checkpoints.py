@@ -47,7 +47,7 @@ def save_checkpoint(
     model.save_pretrained(tmp, safe_serialization=True)
     if cfg.finetune == "full" and tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    (tmp / META_FILE).write_text(json.dumps({**meta, "config": cfg.to_dict()}, indent=2, default=str))
+    (tmp / META_FILE).write_text(json.dumps({**meta, "config": cfg.recorded()}, indent=2, default=str))
     if optimizer is not None and cfg.save_optimizer:
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
     write_manifest(tmp)  # last: it hashes every file above

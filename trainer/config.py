@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from schemas.config import Settings
+from schemas.storage import without_secrets
 from schemas.uris import is_local, local_path
 from trainer.errors import TrainerError
 
@@ -68,6 +69,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as stored in ``model_versions`` and checkpoints: storage credentials masked."""
+        return {**self.to_dict(), "storage_options": without_secrets(self.storage_options)}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:

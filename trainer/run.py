@@ -219,7 +219,7 @@ def train_once(
             train_version_start=start,
             train_version_end=end,
             n_transitions=n,
-            config=cfg.to_dict(),
+            config=cfg.recorded(),
             metrics={**result.summary, **stored.metrics()},
             artifact_uri=stored.uri,
             manifest_sha256=stored.manifest_sha256,

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from agentlake.cli import app
 from agentlake.stack.broker import free_port
 from schemas.lake import Lake
-from schemas.storage import filesystem, read_bytes
+from schemas.storage import filesystem, is_secret_option, read_bytes
 from schemas.uris import table_uri
 from tests.objectstore import ObjectStore
 from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
@@ -95,6 +95,13 @@ def test_rounds_read_from_s3_store_versions_in_the_bucket_and_resume_on_a_fresh_
     assert row["artifact_uri"] == first.artifact_uri == table_uri(root, "models", "v0001", row["manifest_sha256"][:16])
     metrics = json.loads(row["metrics"])
     assert metrics["artifact_bytes_uploaded"] > 0
+    # The bucket's secret key is in the storage options; neither the registry nor a checkpoint keeps it.
+    secret_keys = [k for k in opts if is_secret_option(k)]
+    stored_configs = [
+        json.loads(row["config"]),
+        json.loads((Path(first.path) / "checkpoint.json").read_text())["config"],
+    ]
+    assert secret_keys and all(c["storage_options"][k] == "***" for c in stored_configs for k in secret_keys)
 
     # In the bucket: every file of the folder, byte for byte, and a manifest whose hashes match them.
     stored = _bucket_files(row["artifact_uri"], opts)
