@@ -139,7 +139,7 @@ nightly_maintenance = ScheduleDefinition(
 def new_transitions(settings: Settings) -> tuple[int, int | None]:
     """(transitions no version trained on yet, newest table version): what the next round would take."""
     from trainer.config import config_from_settings
-    from trainer.run import count_pending
+    from trainer.round import count_pending
 
     return count_pending(config_from_settings(settings))
 

@@ -10,9 +10,9 @@ import os
 from typing import Any
 
 from pipelines.forget import BRONZE, FORGET_TABLES, copy_records, honour, recorded
+from pipelines.incremental import update_trajectories, update_transitions
 from pipelines.ingest import extract_span_rewards, ingest
 from pipelines.retokenize import Retokenizer, policy_retokenizer
-from pipelines.steps import update_trajectories, update_transitions
 from schemas.config import Settings
 from schemas.errors import ConfigError
 from schemas.lake import Lake

@@ -1,7 +1,7 @@
 """The training loop, top to bottom: setup, data, model, optimizer, loop. No Trainer class.
 
 ``train`` takes a config and transition rows and returns the trained model with its per-step
-metrics; saving and registering are the caller's (``trainer.run.train_once``). LoRA through
+metrics; saving and registering are the caller's (``trainer.round.train_once``). LoRA through
 peft is the default; ``finetune="full"`` trains every weight. On CUDA the forward pass runs
 under bf16 autocast (weights and optimizer stay fp32); on CPU everything is fp32.
 """

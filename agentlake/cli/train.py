@@ -25,7 +25,7 @@ def train(
     config: str | None = ConfigOption,
 ) -> None:
     """Train a new policy version on the transitions no earlier version trained on (each once)."""
-    from trainer.run import train_once
+    from trainer.round import train_once
 
     settings = settings_or_exit(config)
     overrides = {

@@ -5,8 +5,8 @@ import time
 from dagster import AssetExecutionContext, AutomationCondition, MaterializeResult, asset
 
 from pipelines.assets.silver import trajectories
+from pipelines.incremental import update_transitions
 from pipelines.resources import CreditResource, LakeResource, TokenizerResource
-from pipelines.steps import update_transitions
 
 
 @asset(

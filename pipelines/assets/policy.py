@@ -1,6 +1,6 @@
 """The `policy` asset: train one version on new transitions and republish it to vLLM.
 
-A thin shell over ``trainer.run.train_once`` and ``trainer.publish.Publisher``; the metadata
+A thin shell over ``trainer.round.train_once`` and ``trainer.publish.Publisher``; the metadata
 (loss, KL, reward, tokens/s, publish latency) is numeric so Dagster plots it across versions.
 """
 
@@ -33,7 +33,7 @@ GPU_TAGS = {"dagster-k8s/config": GPU_K8S_CONFIG, "agentlake/gpu": "1"}
 )
 def policy(context: AssetExecutionContext, trainer: TrainerResource) -> MaterializeResult:
     from trainer.publish import Publisher
-    from trainer.run import train_once
+    from trainer.round import train_once
 
     settings = trainer.settings()
     t0 = time.perf_counter()

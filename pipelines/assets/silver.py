@@ -5,8 +5,8 @@ import time
 from dagster import AssetExecutionContext, AutomationCondition, MaterializeResult, asset
 
 from pipelines.assets.bronze import rewards, spans
+from pipelines.incremental import update_trajectories
 from pipelines.resources import CreditResource, KafkaResource, LakeResource
-from pipelines.steps import update_trajectories
 
 # New spans or rewards, or every 15 minutes so idle rollouts reach `timed_out` without new data;
 # never while a blocking check of the bronze tables (duplicates) is failing.

@@ -424,8 +424,8 @@ def test_plan_matches_what_delta_deletes(tmp_path: Path) -> None:
 # --- replay from Kafka honours recorded deletions -------------------------------------------------
 def _pipeline(settings: Settings, lake: Lake) -> None:
     """One incremental run of every step, as the Dagster assets do."""
+    from pipelines.incremental import update_trajectories, update_transitions
     from pipelines.ingest import extract_span_rewards, ingest
-    from pipelines.steps import update_trajectories, update_transitions
 
     k = settings.kafka
     ingest(lake, k, "spans", workers=0)

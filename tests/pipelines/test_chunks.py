@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.steps import (
+from pipelines.incremental import (
     BASELINE_KEY,
     _group_chunks,
     _saved_baseline,

@@ -24,7 +24,7 @@ from opentelemetry.trace import set_span_in_context
 
 from pipelines.decoding import KafkaRecord, decode_spans
 from pipelines.identity import resolve_rollouts
-from pipelines.steps import update_trajectories, update_transitions
+from pipelines.incremental import update_trajectories, update_transitions
 from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
 from schemas.lake import Lake

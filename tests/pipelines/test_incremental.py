@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 
 from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.steps import _saved_baseline, update_trajectories, update_transitions
+from pipelines.incremental import _saved_baseline, update_trajectories, update_transitions
 from schemas.config import CreditSettings
 from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, encode, make_spans

@@ -22,15 +22,15 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
 from pipelines.credit import RunningBaseline
+from pipelines.incremental import REMOVED_KEY, _removed_rollouts, update_trajectories, update_transitions
 from pipelines.ingest import ingest
-from pipelines.steps import REMOVED_KEY, _removed_rollouts, update_trajectories, update_transitions
 from schemas.config import CreditSettings, Settings, load_settings
 from schemas.lake import Lake
 from schemas.tables import TRAJECTORIES
 from tests.pipelines.otel import MS, Call, Rollout, make_spans, produce, reward_record, span_record
 from trainer.config import config_from_settings
 from trainer.data import read_transitions
-from trainer.run import read_pending
+from trainer.round import read_pending
 
 pytestmark = pytest.mark.kafka
 
@@ -212,7 +212,7 @@ def test_the_running_baseline_is_kept_per_tenant(settings: Settings) -> None:
     theirs = tenants.rows("transitions", B)
     assert theirs.select("rollout_id", "baseline").rows() == [("a0", -1.0), ("b0", 0.0)]
     from pipelines.credit import TenantBaselines  # (imported here: the module runs against older code too)
-    from pipelines.steps import _saved_baseline
+    from pipelines.incremental import _saved_baseline
 
     saved = TenantBaselines.from_json(_saved_baseline(tenants.lake))
     assert (saved.of(A).count, saved.of(B).count) == (2, 2)

@@ -17,7 +17,7 @@ from schemas.tables import TRANSITIONS
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
 from trainer.registry import Registry
-from trainer.run import train_once
+from trainer.round import train_once
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def _compact_and_vacuum(lake: Path) -> None:
 
 
 def _rewrite_groups(lake: Path, rows: list[dict[str, Any]], groups: list[str]) -> int:
-    """What `pipelines.steps.update_transitions` does to a recomputed group: overwrite it with a predicate."""
+    """What `pipelines.incremental.update_transitions` does to a recomputed group: overwrite it with a predicate."""
     from schemas.lake import in_list
 
     table = pa.Table.from_pylist(rows, schema=TRANSITIONS)

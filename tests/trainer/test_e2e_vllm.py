@@ -26,7 +26,7 @@ from trainer.checkpoints import save_checkpoint
 from trainer.config import TrainConfig
 from trainer.publish import Publisher
 from trainer.registry import Registry
-from trainer.run import train_once
+from trainer.round import train_once
 from trainer.train import load_policy
 from trainer.vllm_client import VllmClient
 

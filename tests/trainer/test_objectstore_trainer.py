@@ -32,7 +32,7 @@ from trainer.errors import ArtifactError, PublishError
 from trainer.lineage import Lineage
 from trainer.publish import Publisher
 from trainer.registry import Registry
-from trainer.run import count_pending, train_once
+from trainer.round import count_pending, train_once
 
 
 def _rows(start: int, n: int) -> list[dict[str, Any]]:

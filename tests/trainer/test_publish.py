@@ -21,7 +21,7 @@ from trainer.config import TrainConfig
 from trainer.errors import PublishError
 from trainer.publish import Publisher
 from trainer.registry import Registry
-from trainer.run import train_once
+from trainer.round import train_once
 
 
 @pytest.fixture()

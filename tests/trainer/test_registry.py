@@ -15,7 +15,7 @@ from tests.trainer.helpers import transition, write_transitions
 from trainer.config import TrainConfig
 from trainer.errors import RegistryError
 from trainer.registry import Registry
-from trainer.run import train_once
+from trainer.round import train_once
 
 
 def _duckdb():
