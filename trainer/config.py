@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from schemas.config import Settings
+from schemas.lake import Lake
 from schemas.storage import without_secrets
 from schemas.uris import is_local, local_path
 from trainer.errors import TrainerError
@@ -70,6 +71,10 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def lake(self) -> Lake:
+        """The lake this config names: its registry, lineage and transitions tables are the ones a round uses."""
+        return Lake(self.lake_root, self.storage_options)
+
     def recorded(self) -> dict[str, Any]:
         """The config as stored in ``model_versions`` and checkpoints: storage credentials masked."""
         return {**self.to_dict(), "storage_options": without_secrets(self.storage_options)}
@@ -117,10 +122,10 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
             f"trainer.lora_rank ({t.lora_rank}) is above vllm.max_lora_rank ({settings.vllm.max_lora_rank}); "
             "vLLM would refuse the adapter: lower one or raise the other"
         )
-    root, storage_options = lake_of(settings)
+    lake = Lake.from_settings(settings)  # a clear error when it is the local store and that is stopped
     values: dict[str, Any] = dict(
-        lake_root=root,
-        storage_options=storage_options,
+        lake_root=lake.root,
+        storage_options=dict(lake.storage_options),
         min_new_transitions=t.min_new_transitions,
         tenants=list(t.tenants),
         base_model=settings.model.base,
@@ -142,13 +147,6 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         checkpoint_dir=str(local_model_dir(settings)),
     )
     return TrainConfig.from_dict({**values, **overrides})
-
-
-def lake_of(settings: Settings) -> tuple[str, dict[str, str]]:
-    """The lake root and its storage options; a clear error when it is the local store and that is stopped."""
-    if settings.lake.unavailable:
-        raise TrainerError(settings.lake.unavailable)
-    return settings.lake.root, dict(settings.lake.storage_options)
 
 
 def local_model_dir(settings: Settings) -> Path:

@@ -77,12 +77,12 @@ class Publisher:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
-        from trainer.config import lake_of, local_model_dir
+        from trainer.config import local_model_dir
 
         gw = settings.gateway
         kwargs.setdefault("cache_dir", local_model_dir(settings))
         return cls(
-            registry=Registry(Lake(*lake_of(settings))),
+            registry=Registry(Lake.from_settings(settings)),
             vllm_url=vllm_url or settings.vllm.url,
             served_name=settings.model.served_name,
             gateway_url=gw.url,

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import Settings
-from schemas.lake import Lake
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
@@ -50,11 +49,6 @@ class RoundResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def config_lake(cfg: TrainConfig) -> Lake:
-    """The lake ``cfg`` names: its registry, lineage and transitions tables are the ones a round reads and writes."""
-    return Lake(cfg.lake_root, cfg.storage_options)
-
-
 def pending_transitions(cfg: TrainConfig, registry: Registry) -> tuple[int, int | None]:
     """(start, end): the table version the last round on this table read at (or ``cfg.version_start``;
     -1: none), and the version to read now (``cfg.version_end`` or the newest; None: no table yet)."""
@@ -76,7 +70,7 @@ def read_pending(
     in ``training_lineage``; with one, the ids absent from the snapshot at ``start``.
     """
     explicit = cfg.version_start is not None
-    lineage = lineage or Lineage(config_lake(cfg))
+    lineage = lineage or Lineage(cfg.lake())
     exclude = None if explicit else lineage.consumed_ids(lineage.lake.uri(cfg.table))
     return read_transitions(
         lineage.lake,
@@ -104,7 +98,7 @@ def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
 
 def count_pending(cfg: TrainConfig) -> tuple[int, int | None]:
     """(transitions the next round would train on, the table version it would read): the sensor's count."""
-    lake = config_lake(cfg)
+    lake = cfg.lake()
     registry = Registry(lake)
     start, end = pending_transitions(cfg, registry)
     if end is None or (cfg.version_start is not None and end <= start) or _caught_up(cfg, registry, end):
@@ -139,7 +133,7 @@ def train_once(
         cfg = config_from_settings(settings, **overrides)
     elif overrides:
         cfg = cfg.replace(**overrides)
-    lake = config_lake(cfg)
+    lake = cfg.lake()
     registry = Registry(lake)
     lineage = Lineage(lake)
     start, end = pending_transitions(cfg, registry)
