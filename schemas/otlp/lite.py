@@ -2,7 +2,7 @@
 
 Token ids and logprobs arrive as ``ArrayValue`` messages of one ``AnyValue`` per token: parsing
 them builds hundreds of small messages per LLM call, and ingestion only wants their bytes (which
-it decodes batch-wide with numpy). Protobuf parses a length-delimited field as ``bytes`` just as
+``schemas.otlp.packed`` decodes batch-wide with numpy). Protobuf parses a length-delimited field as ``bytes`` just as
 well as a message, so this view is the real OTLP schema (copied from ``opentelemetry-proto``'s
 descriptors, in a private pool) with ``AnyValue.array_value`` and ``AnyValue.kvlist_value``
 retyped to ``bytes``. Everything else reads exactly as the real messages do.

@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
+import pipelines.decoding
 from pipelines.decoding import KafkaRecord, SpanBatch
 from pipelines.ingest import ingest
 from schemas import attributes as A
@@ -23,6 +24,12 @@ from tests.pipelines.otel import Call, Rollout, encode, make_spans, produce, spa
 
 def record(r: Rollout, offset: int) -> KafkaRecord:
     return KafkaRecord("t", 0, offset, r.rollout_id.encode() if r.rollout_id else None, encode(make_spans(r)), [])
+
+
+def test_public_names_are_exported() -> None:
+    names = pipelines.decoding.__all__
+    assert names == sorted(set(names))
+    assert all(hasattr(pipelines.decoding, name) for name in names)
 
 
 def test_nested_attribute_values_read_as_the_real_messages_read_them() -> None:
