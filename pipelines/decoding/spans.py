@@ -16,10 +16,11 @@ from pipelines.decoding.kafka_record import KafkaRecord
 from pipelines.decoding.messages import flat_messages, messages_json, oi_response_id
 from pipelines.decoding.rewards import REWARD_SPAN_NAMES, span_reward
 from pipelines.decoding.rows import NO_ATTRIBUTES, ROLLOUT_COLUMN
-from pipelines.decoding.tokens import PACKED_KEYS, PackedArray, first_token_ids, logprobs
+from pipelines.decoding.tokens import PackedArray, first_token_ids, logprobs
 from schemas import attributes as A
 from schemas import topics
 from schemas.otlp.lite import ExportTraceServiceRequestLite
+from schemas.otlp.packed import PACKED_KEYS
 from schemas.otlp.values import lite_value
 from schemas.span_checks import SPAN_KINDS, STATUS_CODES
 

@@ -15,14 +15,11 @@ import numpy as np
 import pyarrow as pa
 from opentelemetry.proto.common.v1.common_pb2 import ArrayValue
 
-from schemas import attributes as A
 from schemas import span_checks
 from schemas.otlp import packed
 from schemas.otlp.values import any_value
 from schemas.tables import SPANS
 
-TOKEN_ID_KEYS = frozenset({*A.PROMPT_TOKEN_IDS_KEYS, *A.COMPLETION_TOKEN_IDS_KEYS})
-PACKED_KEYS = frozenset({*TOKEN_ID_KEYS, A.LLM_COMPLETION_LOGPROBS})
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 

@@ -21,8 +21,14 @@ from collections.abc import Sequence
 import numpy as np
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
+from schemas import span_checks
 from schemas.otlp.wire import field_tag
 from schemas.span_checks import TOKEN_ID_LIMIT
+
+# The attributes whose arrays are read this way: token ids (every convention) and logprobs.
+TOKEN_ID_KEYS = frozenset(k for keys in span_checks.TOKEN_ID_KEYS for k in keys)
+LOGPROB_KEYS = frozenset(span_checks.LOGPROB_KEYS)
+PACKED_KEYS = TOKEN_ID_KEYS | LOGPROB_KEYS
 
 _ITEM = field_tag(ArrayValue, "values")[0]
 _INT = field_tag(AnyValue, "int_value", wire_type=0)[0]
