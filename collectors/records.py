@@ -298,14 +298,9 @@ def encode_response(fmt: BodyFormat, rejected_spans: int = 0, error_message: str
 def _checked_value(key: str, value: AnyValue) -> Any:
     """``value`` as ``span_checks`` reads it. A token array whose bytes show it passes stands in as []:
     reading thousands of items one by one cost 15 times the rest of the span."""
-    if value.WhichOneof("value") == "array_value":
-        wire = value.array_value.SerializeToString()
-        if (
-            key in packed.TOKEN_ID_KEYS
-            and packed.clean_token_ids(wire)
-            or key in packed.LOGPROB_KEYS
-            and packed.clean_logprobs(wire)
-        ):
+    if key in packed.PACKED_KEYS and value.WhichOneof("value") == "array_value":
+        clean = packed.clean_token_ids if key in packed.TOKEN_ID_KEYS else packed.clean_logprobs
+        if clean(value.array_value.SerializeToString()):
             return []
     return any_value(value)
 
