@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from agentlake.stack import objectstore
-from agentlake.stack.broker import wait_for_port
+from agentlake.stack.ports import wait_for_port
 
 
 class ObjectStore:

@@ -12,7 +12,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from agentlake.stack.broker import broker_binary, free_port, wait_for_port
+from agentlake.stack.broker import broker_binary
+from agentlake.stack.ports import free_port, wait_for_port
 from tests.tls import TlsFiles
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from agentlake.cli import collect as _collect  # noqa: E402,F401
 from agentlake.cli import demo as _demo  # noqa: E402,F401
+from agentlake.cli import forget as _forget  # noqa: E402,F401
 
 # Importing a command module registers its commands on `app`.
 from agentlake.cli import lake as _lake  # noqa: E402,F401

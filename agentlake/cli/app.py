@@ -49,7 +49,3 @@ def handle_errors(fn: F) -> F:
 
 
 ConfigOption = typer.Option(None, "--config", "-c", help="Path to agentlake.toml (default: ./agentlake.toml).")
-
-
-# Commands defined next to their logic's CLI module register themselves on `app` when imported.
-from agentlake.cli import forget as _forget  # noqa: E402,F401

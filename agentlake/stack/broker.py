@@ -15,35 +15,17 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentlake.stack.ports import free_port, wait_for_port
 from agentlake.stack.processes import StackError
 from schemas.config import KafkaSettings
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when a server could listen on ``port`` now (with SO_REUSEADDR, as servers bind)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def broker_binary() -> str:
@@ -69,17 +51,6 @@ def broker_argv(port: int, host: str = "127.0.0.1", *, storage: str | None = Non
 
 def durable_storage(bucket: str) -> str:
     return f"s3://{bucket}/"
-
-
-def wait_for_port(host: str, port: int, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise StackError(f"nothing is listening on {host}:{port} after {timeout_s:.0f}s")
 
 
 def ensure_topics(

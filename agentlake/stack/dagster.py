@@ -25,8 +25,8 @@ import httpx
 import yaml
 
 from agentlake.stack import postgres, processes
-from agentlake.stack.broker import free_port, port_free
 from agentlake.stack.health import http_ok
+from agentlake.stack.ports import free_port, port_free
 from schemas.config import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -31,15 +31,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentlake.stack import dagster, objectstore, postgres, processes
-from agentlake.stack.broker import (
-    broker_argv,
-    durable_storage,
-    ensure_topics,
-    free_port,
-    port_free,
-    wait_for_port,
-)
+from agentlake.stack.broker import broker_argv, durable_storage, ensure_topics
 from agentlake.stack.health import http_ok, kafka_ok, server_ok
+from agentlake.stack.ports import free_port, port_free, wait_for_port
 from agentlake.stack.processes import StackError
 from schemas.config import STACK_FILE_VERSION, Settings, stack_file
 from schemas.uris import normalize_uri

@@ -47,7 +47,7 @@ def weed_binary() -> str | None:
 
 def choose_ports(remembered: dict[str, int] | None) -> dict[str, int]:
     """The ports of last time when every one is still free, else fresh free ones."""
-    from agentlake.stack.broker import free_port, port_free
+    from agentlake.stack.ports import free_port, port_free
 
     if remembered and all(isinstance(remembered.get(k), int) for k in PORT_NAMES):
         if all(port_free(remembered[k]) for k in PORT_NAMES):

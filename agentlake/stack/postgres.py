@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from agentlake.stack import processes
-from agentlake.stack.broker import free_port, port_free
+from agentlake.stack.ports import free_port, port_free
 from agentlake.stack.processes import StackError
 from schemas.config import DagsterSettings
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from agentlake.stack import processes
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from agentlake.stack.processes import ManagedProcess, StackError
 from schemas.config import Settings
 

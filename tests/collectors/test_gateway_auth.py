@@ -26,7 +26,7 @@ import polars as pl
 import pytest
 from dagster import materialize
 
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from collectors.gateway.proxy import Gateway
 from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink

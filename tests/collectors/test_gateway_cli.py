@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.config import KafkaSettings
 
 

@@ -20,8 +20,9 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from agentlake.stack.broker import LocalBroker, ensure_topics, free_port
+from agentlake.stack.broker import LocalBroker, ensure_topics
 from agentlake.stack.health import gateway_spill
+from agentlake.stack.ports import free_port
 from collectors.gateway.serve import GatewayServer, spill_dir
 from collectors.gateway.spill import SpillSink
 from collectors.records import Record

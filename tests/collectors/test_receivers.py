@@ -227,7 +227,7 @@ def test_grpc_invalid_argument(collector: CollectorServer) -> None:
 
 def test_process_entry_point_serves_and_stops_on_sigterm(settings: Settings, tmp_path) -> None:
     """`python -m collectors` as the stack manager runs it: /health, spans, SIGTERM flushes."""
-    from agentlake.stack.broker import free_port
+    from agentlake.stack.ports import free_port
 
     http_port, grpc_port = free_port(), free_port()
     env = {

@@ -24,7 +24,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agentlake.stack.broker import LocalBroker, ensure_topics, free_port
+from agentlake.stack.broker import LocalBroker, ensure_topics
+from agentlake.stack.ports import free_port
 from schemas.config import KafkaSettings, Settings, load_settings
 from tests.collectors.helpers import read_topic, running_collector, spans_of, wait_until
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentlake.stack import local
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from examples.closed_loop.loop import LoopPlan, run_closed_loop
 from schemas.config import load_settings
 

@@ -839,7 +839,7 @@ def collectors(settings: Any, n: int = 2, *, log_dir: Path | None = None) -> Ite
     ports; yields their OTLP/HTTP ports once each says Kafka is reachable, and stops them (SIGTERM)."""
     import httpx
 
-    from agentlake.stack.broker import free_port
+    from agentlake.stack.ports import free_port
 
     procs: list[subprocess.Popen[bytes]] = []
     ports: list[int] = []

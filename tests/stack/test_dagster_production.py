@@ -16,7 +16,7 @@ import pytest
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from agentlake.stack import dagster, local, postgres, processes
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.config import KafkaSettings, Settings, load_settings
 from schemas.errors import ConfigError
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentlake.stack import local, objectstore
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.config import STACK_FILE_VERSION, load_settings, stack_file
 from schemas.errors import LakeError
 from schemas.lake import Lake

@@ -20,8 +20,8 @@ import httpx
 import psutil
 import pytest
 
-from agentlake.stack.broker import free_port
 from agentlake.stack.objectstore import weed_binary
+from agentlake.stack.ports import free_port
 from schemas.config import Settings, load_settings
 
 pytestmark = [

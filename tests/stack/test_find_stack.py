@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.config import STACK_FILE_VERSION, load_settings, stack_file
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from agentlake.stack import postgres
-from agentlake.stack.broker import free_port
 from agentlake.stack.objectstore import weed_binary
+from agentlake.stack.ports import free_port
 
 pytestmark = pytest.mark.slow
 

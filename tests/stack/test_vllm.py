@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from agentlake.stack import vllm
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.config import load_settings
 from tests.fixtures_vllm import VllmServer
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from agentlake.cli import app
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.lake import Lake
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.registry import Registry

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.config import load_settings
 from schemas.lake import Lake
 from tests.trainer.helpers import transition, write_transitions

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentlake.cli import app
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.lake import Lake
 from schemas.storage import filesystem, is_secret_option, read_bytes
 from schemas.uris import table_uri

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentlake.stack.broker import free_port
+from agentlake.stack.ports import free_port
 from schemas.config import Settings
 from schemas.lake import Lake
 from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
