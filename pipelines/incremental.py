@@ -28,6 +28,7 @@ from pipelines.transitions import build
 from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
 from schemas.lake import Lake, unseen_offsets
+from schemas.tables import CREDIT_METADATA_KEY
 
 TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
 TRAJ_VERSION = "trajectories.version"  # the `trajectories` version the transitions step last read
@@ -369,7 +370,10 @@ def update_transitions(
             txns=marks if last else None,
             mode="overwrite",
             predicate=keys.predicate(groups, "group_id"),
-            metadata={BASELINE_KEY: baseline.to_json()} if last and baseline is not None else None,
+            metadata={
+                CREDIT_METADATA_KEY: credit.model_dump_json(),  # what a trained version's lineage reports
+                **({BASELINE_KEY: baseline.to_json()} if last and baseline is not None else {}),
+            },
         )
         res.rows += out.table.num_rows
         res.rollouts += out.rollouts

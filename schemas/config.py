@@ -417,6 +417,8 @@ class TrainerSettings(_Section):
     schedule: str = "0 * * * *"
     # The tenants whose transitions this policy trains on (collector.auth_tokens names them); empty: all.
     tenants: list[str] = Field(default_factory=list)
+    # The table rounds read: `transitions`, or a credit variant `transitions__<name>` (agentlake transitions rebuild).
+    table: str = Field("transitions", pattern=r"^transitions(__[a-z0-9]+(_[a-z0-9]+)*)?$")
 
 
 class CreditSettings(_Section):

@@ -17,7 +17,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from schemas.errors import ConcurrentWriteError, LakeError
-from schemas.tables import PARTITION_COLUMNS, TABLES, table_configuration
+from schemas.tables import PARTITION_COLUMNS, TABLES, base_table, table_configuration
 from schemas.uris import table_uri
 
 if TYPE_CHECKING:
@@ -45,8 +45,8 @@ class Lake:
         return cls(settings.lake.root, dict(settings.lake.storage_options))
 
     def uri(self, table: str) -> str:
-        if table not in TABLES:
-            raise KeyError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
+        """Where ``table`` lives: a known table, or a variant of one (``transitions__<name>``, schemas.tables)."""
+        _schema_of(table)
         return table_uri(self.root, table)  # one spelling per location (schemas.uris)
 
     def _opts(self) -> dict[str, str] | None:
@@ -128,8 +128,8 @@ class Lake:
         try:
             DeltaTable.create(
                 self.uri(name),
-                schema=TABLES[name],
-                partition_by=PARTITION_COLUMNS[name] or None,
+                schema=_schema_of(name),
+                partition_by=PARTITION_COLUMNS[base_table(name) or name] or None,
                 configuration=table_configuration(name) or None,
                 mode="ignore",
                 storage_options=self._opts(),
@@ -168,7 +168,7 @@ class Lake:
         writers' commits when delta-rs retries a commit that did not conflict with them). Without
         ``snapshot`` the table is loaded here (created first when ``expect`` is given).
         """
-        schema = TABLES[name]
+        schema = _schema_of(name)
         data = data.select(schema.names).cast(schema)
         txns = dict(txns or {})
         dt = snapshot
@@ -206,7 +206,7 @@ class Lake:
                 dt if dt is not None else self.uri(name),
                 data,
                 mode=mode,  # type: ignore[arg-type]
-                partition_by=PARTITION_COLUMNS[name] or None,
+                partition_by=PARTITION_COLUMNS[base_table(name) or name] or None,
                 storage_options=None if dt is not None else self._opts(),
                 configuration=None if dt is not None else table_configuration(name) or None,
                 commit_properties=props,
@@ -235,7 +235,7 @@ class Lake:
         if dt is None:
             self.write(name, data)
             return data.num_rows
-        data = data.select(TABLES[name].names).cast(TABLES[name])
+        data = data.select(_schema_of(name).names).cast(_schema_of(name))
         stats = (
             dt.merge(data, predicate=f"t.{key} = s.{key}", source_alias="s", target_alias="t", merge_schema=True)
             .when_not_matched_insert_all()
@@ -255,6 +255,16 @@ class Lake:
             .execute()
         )
         return int(stats.get("num_target_rows_updated", 0))
+
+
+def _schema_of(table: str) -> pa.Schema:
+    """The schema of a known table or of a variant of one; a KeyError names the known tables."""
+    base = base_table(table)
+    if base is None:
+        raise KeyError(
+            f"unknown table {table!r}; expected one of {', '.join(TABLES)} or a variant such as transitions__<name>"
+        )
+    return TABLES[base]
 
 
 def _shown(position: int | None) -> str:

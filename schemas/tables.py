@@ -6,6 +6,8 @@ header ``agentlake-schema-version``; bump it when a column changes meaning or ty
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 SCHEMA_VERSION_KEY = b"agentlake.schema.version"
@@ -349,8 +351,41 @@ CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+# --- variants -----------------------------------------------------------------------------------
+# A variant is a table built again from the same source with other settings, beside the original:
+# `transitions__<name>` holds `transitions` rows under other credit settings (pipelines/variants.py).
+# It has its base table's schema, partitioning and properties; the incremental pipeline never writes it.
+VARIANT_SEPARATOR = "__"
+VARIANT_BASES = ("transitions",)  # the tables that may have variants
+_VARIANT_NAME = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+VARIANT_NAME_MAX = 48
+# Delta commit metadata of `transitions` and its variants: the CreditSettings (JSON) a commit's rows were built with.
+CREDIT_METADATA_KEY = "agentlake.credit"
+
+
+def transitions_variant(name: str) -> str:
+    """The table name of the `transitions` variant ``name`` (``transitions__<name>``); a ValueError says why not."""
+    if not isinstance(name, str) or len(name) > VARIANT_NAME_MAX or not _VARIANT_NAME.fullmatch(name):
+        raise ValueError(
+            f"variant name {name!r}: use 1 to {VARIANT_NAME_MAX} lowercase letters, digits and single "
+            "underscores (e.g. discounted_g0p9_rloo)"
+        )
+    return f"transitions{VARIANT_SEPARATOR}{name}"
+
+
+def base_table(name: str) -> str | None:
+    """The known table ``name`` is (itself) or is a variant of; None when it is neither."""
+    if name in TABLES:
+        return name
+    base, sep, variant = name.partition(VARIANT_SEPARATOR)
+    if sep and base in VARIANT_BASES and _VARIANT_NAME.fullmatch(variant) and len(variant) <= VARIANT_NAME_MAX:
+        return base
+    return None
+
+
 def table_configuration(name: str) -> dict[str, str]:
     """Delta table properties a table is created with: statistics on every column but its content."""
+    name = base_table(name) or name
     content = CONTENT_COLUMNS.get(name)
     if not content:
         return {}

@@ -128,6 +128,7 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         storage_options=dict(lake.storage_options),
         min_new_transitions=t.min_new_transitions,
         tenants=list(t.tenants),
+        table=t.table,
         base_model=settings.model.base,
         model_dir=str(settings.model.cache_dir),
         served_name=settings.model.served_name,

@@ -4,7 +4,9 @@ One row per (model version, transition it trained on), with the transitions tabl
 and the Delta version it was read at. It is what makes consumption exact: the next round's data
 is ``transitions`` (at one pinned version) anti-joined with this table on ``transition_id``, so
 compaction, vacuum and group rewrites, which move rows into new files without changing their ids,
-never make old rows look new. In DuckDB (``agentlake query``):
+never make old rows look new. A version trained on a credit variant (``transitions__<name>``,
+``agentlake transitions rebuild``) names that table in ``train_table``; the credit settings its rows
+were built with are in the table's Delta commit metadata (``recorded_credit``). In DuckDB (``agentlake query``):
 
     SELECT m.version, count(*) AS transitions, min(l.table_version), max(l.table_version)
     FROM model_versions m JOIN training_lineage l ON l.model_version = m.version
@@ -15,14 +17,18 @@ never make old rows look new. In DuckDB (``agentlake query``):
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from schemas.lake import Lake
-from schemas.tables import TRAINING_LINEAGE
+from schemas.tables import CREDIT_METADATA_KEY, TRAINING_LINEAGE, base_table
 from schemas.uris import normalize_uri
 
 TABLE = "training_lineage"
@@ -77,3 +83,40 @@ class Lineage:
             "tables": sorted(set(rows["train_table"].to_pylist())),
             "table_versions": versions,
         }
+
+    def credit(self, model_version: str) -> dict[str, dict[str, Any] | None]:
+        """Per table ``model_version`` trained on (its URI), the credit settings it recorded at the newest
+        version read: which variant, built how (None where the table recorded none)."""
+        rows = self._read(["train_table", "table_version"], pds.field("model_version") == model_version)
+        out: dict[str, dict[str, Any] | None] = {}
+        for uri in sorted(set(rows["train_table"].to_pylist())):
+            newest = pc.max(rows.filter(pc.equal(rows["train_table"], uri))["table_version"]).as_py()
+            out[uri] = recorded_credit(self.lake, uri, newest)
+        return out
+
+
+def recorded_credit(lake: Lake, table: str, version: int | None = None) -> dict[str, Any] | None:
+    """The credit settings of ``table`` (a name such as ``transitions__disc09``, or a table URI) at ``version``.
+
+    The newest commit at or before ``version`` (default: the newest) that recorded its ``CreditSettings``:
+    a variant's rebuild, or the pipeline's last `transitions` run. None when no commit recorded them
+    (a table written before they were) or the table does not exist.
+    """
+    uri = lake.uri(table) if base_table(table) is not None else table
+    try:
+        dt_ = DeltaTable(uri, storage_options=dict(lake.storage_options) or None)
+    except TableNotFoundError:
+        return None
+
+    def newest_first() -> Iterator[dict[str, Any]]:
+        recent = dt_.history(64)  # compaction commits carry none: almost always within these
+        yield from recent
+        if len(recent) == 64:
+            yield from dt_.history()[64:]
+
+    for commit in newest_first():
+        if version is not None and commit.get("version", -1) > version:
+            continue
+        if CREDIT_METADATA_KEY in (commit or {}):
+            return json.loads(commit[CREDIT_METADATA_KEY])
+    return None

@@ -27,7 +27,7 @@ from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
 from trainer.data import TransitionData, read_transitions
 from trainer.errors import RegistryError, TrainerError
-from trainer.lineage import Lineage
+from trainer.lineage import Lineage, recorded_credit
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,7 @@ def train_once(
     result = train(cfg, data.rows, parent_path=parent_path, optimizer_state=optimizer_state)
 
     version, number = registry.next_version()
+    credit = recorded_credit(lake, cfg.table, end)  # a variant's settings (or the pipeline's), as its commits say
     meta = {
         "version": version,
         "parent_version": parent["version"] if parent else None,
@@ -187,6 +188,7 @@ def train_once(
             "version_end": end,
             "rows": n,
             "lineage": lineage.uri,
+            "credit": credit,
         },
         "metrics": result.summary,
         "history": result.history,
@@ -213,7 +215,7 @@ def train_once(
             train_version_start=start,
             train_version_end=end,
             n_transitions=n,
-            config=cfg.recorded(),
+            config={**cfg.recorded(), "credit": credit},
             metrics={**result.summary, **stored.metrics()},
             artifact_uri=stored.uri,
             manifest_sha256=stored.manifest_sha256,

@@ -16,6 +16,7 @@ from agentlake.cli import model as _model  # noqa: E402,F401
 from agentlake.cli import registry as _registry  # noqa: E402,F401
 from agentlake.cli import stack as _stack  # noqa: E402,F401
 from agentlake.cli import train as _train  # noqa: E402,F401
+from agentlake.cli import transitions as _transitions  # noqa: E402,F401
 from agentlake.cli.app import app, console
 
 __all__ = ["app", "console"]

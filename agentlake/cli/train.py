@@ -21,6 +21,9 @@ def train(
     ),
     version_end: int | None = typer.Option(None, "--to-version", help="Read the transitions table at this version."),
     agent: str | None = typer.Option(None, "--agent", help="Only transitions of agents matching this glob."),
+    table: str | None = typer.Option(
+        None, "--table", help="Train on this table: transitions, or a credit variant transitions__<name>."
+    ),
     interval: float = typer.Option(60.0, "--interval", help="Seconds between polls without --once."),
     config: str | None = ConfigOption,
 ) -> None:
@@ -28,11 +31,16 @@ def train(
     from trainer.round import train_once
 
     settings = settings_or_exit(config)
-    overrides = {
-        k: v
-        for k, v in dict(max_steps=max_steps, version_start=version_start, version_end=version_end, agent=agent).items()
-        if v is not None
-    }
+    if table is not None:
+        from schemas.tables import base_table
+
+        if base_table(table) != "transitions":
+            raise typer.BadParameter(
+                "expected transitions or a variant transitions__<name> (agentlake transitions rebuild)",
+                param_hint="--table",
+            )
+    given = dict(max_steps=max_steps, version_start=version_start, version_end=version_end, agent=agent, table=table)
+    overrides = {k: v for k, v in given.items() if v is not None}
     while True:
         result = train_once(settings, force=force, **overrides)
         if result.version is None:
