@@ -158,6 +158,36 @@ def test_the_trainer_reads_a_variant_and_counts_it_apart_from_the_main_table(lak
     assert lineage.credit("v0001") == {lake.uri(res.table): DISCOUNTED_RLOO.model_dump()}
 
 
+def test_a_version_trained_on_a_variant_names_it_and_its_credit_settings(lake: Lake, tmp_path: Path) -> None:
+    import json
+
+    from tests.trainer.helpers import build_tiny_model_dir
+    from trainer.registry import Registry
+    from trainer.round import train_once
+
+    res = rebuild_variant(lake, DISCOUNTED_RLOO, name="disc09", now=NOW)
+    model = build_tiny_model_dir(tmp_path / "tiny")
+    cfg = TrainConfig(
+        lake_root=lake.root,
+        table=res.table,
+        base_model=str(model),
+        checkpoint_dir=str(tmp_path / "models"),
+        min_new_transitions=1,
+        lora_rank=4,
+        max_steps=1,
+        progress=False,
+    )
+    out = train_once(cfg=cfg)
+    assert out.version == "v0001" and out.n_transitions == 8 and out.version_end == res.version
+    row = Registry(lake).get("v0001")
+    assert row["train_table"] == lake.uri(res.table)
+    recorded = json.loads(row["config"])
+    assert recorded["table"] == res.table and recorded["credit"] == DISCOUNTED_RLOO.model_dump()
+    assert Lineage(lake).credit("v0001") == {lake.uri(res.table): DISCOUNTED_RLOO.model_dump()}
+    assert count_pending(cfg) == (0, res.version)
+    assert count_pending(cfg.replace(table="transitions")) == (8, lake.version("transitions"))
+
+
 def test_the_cli_rebuilds_a_variant_and_shows_its_settings(lake: Lake, tmp_path: Path) -> None:
     config = tmp_path / "agentlake.toml"
     config.write_text(f'[lake]\nroot = "{lake.root}"\n[state]\ndir = "{tmp_path / "state"}"\n')
