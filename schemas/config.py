@@ -412,6 +412,11 @@ class TrainerSettings(_Section):
     clip_eps: float = Field(0.2, gt=0)
     kl_coef: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
+    # Off-policy data (trainer.offpolicy): cap C of the truncated importance weight min(pi_old / pi_behaviour, C)
+    # on rows from another policy version (0 or None: no correction), and the most versions a row's policy may
+    # be behind the one trained from (older rows are skipped and counted; None: no limit).
+    tis_cap: float | None = Field(2.0, ge=0)
+    max_staleness: int | None = Field(None, ge=0)
     seed: int = 0
     min_new_transitions: int = Field(64, ge=1)
     schedule: str = "0 * * * *"

@@ -48,6 +48,8 @@ class TrainConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None: symmetric clipping
     kl_coef: float = 0.0  # k3 KL to the reference (the base model, adapters disabled)
+    tis_cap: float | None = 2.0  # truncated importance weight cap C on stale rows; 0 or None: off (trainer.offpolicy)
+    max_staleness: int | None = None  # skip rows whose policy is more than this many versions behind; None: keep
     # optimisation
     learning_rate: float = 1e-4
     weight_decay: float = 0.0
@@ -106,6 +108,10 @@ class TrainConfig:
                 raise TrainerError(f"{name}: must be at least 1, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1:
             raise TrainerError(f"max_steps: must be at least 1 or None, got {self.max_steps}")
+        if self.tis_cap is not None and self.tis_cap != 0 and self.tis_cap < 1:
+            raise TrainerError(f"tis_cap: must be at least 1 (or 0 / None: off), got {self.tis_cap}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise TrainerError(f"max_staleness: must be at least 0 or None, got {self.max_staleness}")
         if self.version_start is not None and self.version_end is not None:
             if self.version_end <= self.version_start:
                 raise TrainerError(
@@ -138,6 +144,8 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         algorithm=t.algorithm,
         clip_eps=t.clip_eps,
         kl_coef=t.kl_coef,
+        tis_cap=t.tis_cap,
+        max_staleness=t.max_staleness,
         learning_rate=t.learning_rate,
         batch_size=t.batch_size,
         grad_accum=t.grad_accum,

@@ -148,6 +148,8 @@ class Example:
     old_logprobs: list[float] | None  # per response token; None when the row has none
     advantage: float
     ret: float
+    policy_version: str | None = None  # the policy that sampled it (trainer.offpolicy)
+    prox_logprobs: list[float] | None = None  # per response token, the round's starting policy; None: on-policy
 
 
 def to_examples(rows: pa.Table, *, max_seq_len: int) -> list[Example]:
@@ -178,6 +180,7 @@ def to_examples(rows: pa.Table, *, max_seq_len: int) -> list[Example]:
                 old_logprobs=list(lps) if lps is not None else None,
                 advantage=float(r["advantage"]),
                 ret=float(r["return"]),
+                policy_version=r.get("policy_version"),
             )
         )
     if skipped or truncated:
@@ -196,6 +199,7 @@ class Batch:
     position_ids: torch.Tensor  # (B, T) long, restarting at 0 for each packed sequence
     mask: torch.Tensor  # (B, T-1) float: 1 where the target token is trained
     old_logprobs: torch.Tensor  # (B, T-1) float: behaviour logprobs, NaN where unknown
+    prox_logprobs: torch.Tensor  # (B, T-1) float: the round's starting policy on stale rows, NaN elsewhere
     advantages: torch.Tensor  # (B, T-1) float: the sequence's advantage on each of its tokens
     returns: torch.Tensor  # (B, T-1) float
     seq_index: torch.Tensor  # (B, T-1) long: which example a target belongs to, -1 for none
@@ -229,6 +233,7 @@ def collate(examples: Sequence[Example], *, pad_id: int = 0, pack: bool = False,
     pos = torch.zeros((B, T), dtype=torch.long)
     tok_mask = torch.zeros((B, T))  # in token space; shifted to target space at the end
     old = torch.full((B, T), float("nan"))
+    prox = torch.full((B, T), float("nan"))
     adv = torch.zeros((B, T))
     ret = torch.zeros((B, T))
     seq = torch.full((B, T), -1, dtype=torch.long)
@@ -243,6 +248,8 @@ def collate(examples: Sequence[Example], *, pad_id: int = 0, pack: bool = False,
             tok_mask[b, at + p : at + n] = torch.tensor(ex.loss_mask, dtype=torch.float)
             if ex.old_logprobs is not None:
                 old[b, at + p : at + n] = torch.tensor(ex.old_logprobs)
+            if ex.prox_logprobs is not None:
+                prox[b, at + p : at + n] = torch.tensor(ex.prox_logprobs)
             adv[b, at + p : at + n] = ex.advantage
             ret[b, at + p : at + n] = ex.ret
             seq[b, at + p : at + n] = i
@@ -256,6 +263,7 @@ def collate(examples: Sequence[Example], *, pad_id: int = 0, pack: bool = False,
         position_ids=pos,
         mask=tok_mask[:, 1:],
         old_logprobs=old[:, 1:],
+        prox_logprobs=prox[:, 1:],
         advantages=adv[:, 1:],
         returns=ret[:, 1:],
         seq_index=seq[:, 1:],

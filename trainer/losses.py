@@ -12,6 +12,19 @@ tokens to train (1 = trained), and returns the scalar loss plus detached metrics
 Both clipped losses add ``kl_coef * KL`` to a reference policy with the k3 estimator
 ``exp(r) - r - 1``, ``r = logp_ref - logp`` (unbiased, always >= 0; Schulman 2020).
 Where the behaviour logprob is unknown (NaN) the ratio is 1: that token is trained on-policy.
+
+Stale data (sampled by an older policy version, ``trainer.offpolicy``) uses the decoupled clipped
+objective with truncated importance sampling (TIS). Per token, with ``pi_b`` the behaviour policy
+(the logprobs stored with the transition), ``pi_old`` the proximal policy (the weights at the start
+of the round, ``prox_logprobs``, no grad) and ``pi`` the policy being trained:
+
+    r = pi / pi_old                    the clip term's ratio, clipped to [1 - eps, 1 + eps_high]
+    w = min(pi_old / pi_b, C)          the TIS weight, a constant (C = ``tis_cap``)
+    loss_t = -w * min(r * A, clip(r) * A)  (+ kl_coef * KL_t, not weighted)
+
+On-policy tokens have no ``prox_logprobs`` (NaN): ``pi_old`` is ``pi_b`` itself, so ``w = 1`` and
+``r = pi / pi_b``, exactly the plain loss. Tokens without behaviour logprobs cannot be corrected:
+``w = 1``, and ``r`` is taken to ``pi_old`` (or to ``pi`` itself, ratio 1, when that is unknown too).
 """
 
 from __future__ import annotations
@@ -69,9 +82,21 @@ class ClipOptions(TypedDict, total=False):
     clip_eps_high: float | None  # default None: the same as clip_eps
     ref_logprobs: torch.Tensor | None  # default None: no KL term
     kl_coef: float  # default 0.0
+    prox_logprobs: torch.Tensor | None  # default None: every token on-policy (pi_old = pi_b)
+    tis_cap: float | None  # default None: no importance weight (w = 1)
 
 
 Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (per-token values, mask) -> scalar
+
+
+def tis_weights(
+    prox_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w, capped): ``min(exp(prox - behaviour), cap)`` per token, 1 where either is NaN; which were capped."""
+    log_ratio = prox_logprobs - behaviour_logprobs
+    known = ~torch.isnan(log_ratio)
+    ratio = torch.exp(torch.where(known, log_ratio, torch.zeros_like(log_ratio)))
+    return torch.clamp(ratio, max=cap).detach(), (known & (ratio > cap))
 
 
 def _clipped(
@@ -85,14 +110,23 @@ def _clipped(
     clip_eps_high: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    prox_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> LossOutput:
     """The clipped objective both losses share; ``agg`` is how they differ (per token or per sequence)."""
-    old = torch.where(torch.isnan(old_logprobs), logprobs.detach(), old_logprobs)
+    prox = (
+        old_logprobs if prox_logprobs is None else torch.where(torch.isnan(prox_logprobs), old_logprobs, prox_logprobs)
+    )
+    old = torch.where(torch.isnan(prox), logprobs.detach(), prox)  # pi_old; unknown: pi itself
     ratio = torch.exp(logprobs - old)  # (B, T)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + hi) * advantages
     per_token = -torch.minimum(unclipped, clipped)
+    weight, capped = torch.ones_like(per_token), torch.zeros_like(per_token, dtype=torch.bool)
+    if tis_cap:
+        weight, capped = tis_weights(prox, old_logprobs, tis_cap)
+        per_token = weight * per_token
     pg_per_token = per_token
     kl = torch.zeros_like(per_token)
     if ref_logprobs is not None:
@@ -109,6 +143,8 @@ def _clipped(
             "clip_frac": masked_mean((clipped < unclipped).float(), mask),  # tokens whose gradient was cut
             "ratio": masked_mean(ratio, mask),
             "adv_mean": masked_mean(advantages, mask),
+            "tis_weight": masked_mean(weight, mask),
+            "tis_clip_frac": masked_mean(capped.to(mask.dtype), mask),  # tokens whose weight was cut to C
         }
     return LossOutput(loss, metrics)
 

@@ -9,6 +9,11 @@ version trained on, so compaction, vacuum and group rewrites never bring old row
 over the same data are ``epochs`` within a round, or an explicit ``version_start``
 (``agentlake train --from-version N``), which takes the ids added after version N whether or not
 they were trained on before. Either way the rows a version trained on go into ``training_lineage``.
+
+Off-policy rows (``trainer.offpolicy``): a row whose policy is more than ``max_staleness`` versions
+behind the version the round trains from is skipped, counted per source version in
+``model_versions.metrics`` (``offpolicy``), and still recorded in ``training_lineage`` as consumed,
+so it is not read again; the other stale rows are weighted by truncated importance sampling.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from trainer.config import TrainConfig, config_from_settings
 from trainer.data import TransitionData, read_transitions
 from trainer.errors import RegistryError, TrainerError
 from trainer.lineage import Lineage, recorded_credit
+from trainer.offpolicy import split_stale, with_skipped
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,7 @@ class RoundResult:
     version_end: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
+    offpolicy: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source version (trainer.offpolicy)
 
 
 def pending_transitions(cfg: TrainConfig, registry: Registry) -> tuple[int, int | None]:
@@ -169,12 +176,33 @@ def train_once(
             "serving %s is %s, not %s: starting from the base model", parent["version"], parent["kind"], cfg.finetune
         )
         parent = None
+    current = parent["version"] if parent else None  # the policy the round starts from: on-policy rows are its
+    rows, skipped = split_stale(data.rows, current_version=current, max_staleness=cfg.max_staleness)
+    if skipped:
+        log.warning(
+            "skipped %d transitions more than %s versions behind %s: %s",
+            sum(skipped.values()),
+            cfg.max_staleness,
+            current or "the base model",
+            skipped,
+        )
+    if rows.num_rows == 0 or (rows.num_rows < cfg.min_new_transitions and not force):
+        return RoundResult(
+            None,
+            reason=f"{rows.num_rows} of {n} new transitions are within max_staleness={cfg.max_staleness} "
+            f"of {current or 'the base model'} (min_new_transitions={cfg.min_new_transitions})",
+            n_transitions=n,
+            version_start=start,
+            version_end=end,
+            offpolicy=with_skipped({}, skipped, current_version=current),
+        )
     # The parent's folder on this machine: the trainer's own copy, or fetched from the lake and verified.
     parent_path = (
         str(local_copy(parent, cache_dir=cfg.checkpoint_dir, storage_options=cfg.storage_options)) if parent else None
     )
     optimizer_state = load_optimizer_state(parent_path) if parent_path else None  # resume: AdamW moments
-    result = train(cfg, data.rows, parent_path=parent_path, optimizer_state=optimizer_state)
+    result = train(cfg, rows, parent_path=parent_path, optimizer_state=optimizer_state, current_version=current)
+    offpolicy = with_skipped(result.offpolicy, skipped, current_version=current)
 
     version, number = registry.next_version()
     credit = recorded_credit(lake, cfg.table, end)  # a variant's settings (or the pipeline's), as its commits say
@@ -216,7 +244,7 @@ def train_once(
             train_version_end=end,
             n_transitions=n,
             config={**cfg.recorded(), "credit": credit},
-            metrics={**result.summary, **stored.metrics()},
+            metrics={**result.summary, **stored.metrics(), "offpolicy": offpolicy},
             artifact_uri=stored.uri,
             manifest_sha256=stored.manifest_sha256,
         )
@@ -242,4 +270,5 @@ def train_once(
         version_end=end,
         metrics=result.summary,
         history=result.history,
+        offpolicy=offpolicy,
     )

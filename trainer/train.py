@@ -4,6 +4,10 @@
 metrics; saving and registering are the caller's (``trainer.round.train_once``). LoRA through
 peft is the default; ``finetune="full"`` trains every weight. On CUDA the forward pass runs
 under bf16 autocast (weights and optimizer stay fp32); on CPU everything is fp32.
+
+Rows sampled by another policy version than ``current_version`` (the one the round starts from)
+are stale: before the first step one no-grad pass gives their proximal logprobs, and the loss
+weights them by truncated importance sampling (``trainer.losses``, ``trainer.offpolicy``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +28,10 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainer.config import TrainConfig
-from trainer.data import Batch, iter_batches, to_examples
+from trainer.data import Batch, Example, collate, iter_batches, to_examples
 from trainer.errors import TrainerError
 from trainer.losses import LossOutput, grpo_loss, ppo_clip_loss, reinforce_loss, token_logprobs
+from trainer.offpolicy import is_on_policy, source_stats, tis_enabled
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,7 @@ class TrainResult:
     n_examples: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    offpolicy: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source version (trainer.offpolicy)
 
     @property
     def summary(self) -> dict[str, float]:
@@ -93,9 +100,11 @@ def policy_loss(
     """The configured algorithm's loss on one micro-batch."""
     if cfg.algorithm == "reinforce":
         return reinforce_loss(logprobs, batch.returns, batch.mask, seq_index=batch.seq_index, n_seqs=batch.n_seqs)
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef
     )
+    if tis_enabled(cfg.tis_cap):
+        kwargs.update(prox_logprobs=batch.prox_logprobs, tis_cap=cfg.tis_cap)
     if cfg.algorithm == "grpo":
         return grpo_loss(
             logprobs, batch.old_logprobs, batch.advantages, batch.mask, batch.seq_index, batch.n_seqs, **kwargs
@@ -109,6 +118,30 @@ def forward_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
     )
     return token_logprobs(out.logits, batch.input_ids)
+
+
+@torch.no_grad()
+def proximal_logprobs(
+    model: torch.nn.Module,
+    examples: list[Example],
+    *,
+    batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> None:
+    """Set each example's ``prox_logprobs``: its response tokens' logprobs under ``model`` as it is now."""
+    was_training = model.training
+    model.eval()  # the policy itself, without dropout
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        batch = collate(chunk, pad_id=pad_id).to(device)  # one example per row, padded on the right
+        with autocast():
+            lp = forward_logprobs(model, batch).float().cpu()  # (B, T-1)
+        for b, ex in enumerate(chunk):
+            p, n = ex.n_prompt, len(ex.input_ids)
+            ex.prox_logprobs = lp[b, p - 1 : n - 1].tolist()  # target t predicts token t+1
+    model.train(was_training)
 
 
 def _progress(enabled: bool) -> Progress:
@@ -131,8 +164,13 @@ def train(
     tokenizer: Any = None,
     parent_path: str | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    current_version: str | None = None,
 ) -> TrainResult:
-    """Run ``cfg.epochs`` over ``rows`` (a transitions table) and return the trained policy."""
+    """Run ``cfg.epochs`` over ``rows`` (a transitions table) and return the trained policy.
+
+    ``current_version`` is the registry version the weights are (None: the base model); rows whose
+    ``policy_version`` is another one are corrected as stale when ``cfg.tis_cap`` is set.
+    """
     # --- setup ------------------------------------------------------------------------------
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -163,6 +201,15 @@ def train(
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
+    # Stale rows: the policy at the start of the round is their proximal policy (trainer.losses).
+    if tis_enabled(cfg.tis_cap):
+        stale = [ex for ex in examples if not is_on_policy(ex.policy_version, current_version)]
+        if stale:
+            proximal_logprobs(model, stale, batch_size=cfg.batch_size, pad_id=pad_id, device=device, autocast=autocast)
+            log.info(
+                "%d of %d transitions are off-policy: weighted by TIS (cap %g)", len(stale), len(examples), cfg.tis_cap
+            )
+    offpolicy = source_stats(examples, current_version=current_version, tis_cap=cfg.tis_cap)
 
     # --- optimizer --------------------------------------------------------------------------
     params = [p for p in model.parameters() if p.requires_grad]
@@ -177,7 +224,9 @@ def train(
             group["lr"] = cfg.learning_rate
 
     # --- loop -------------------------------------------------------------------------------
-    result = TrainResult(model=model, tokenizer=tokenizer, optimizer=optimizer, n_examples=len(examples))
+    result = TrainResult(
+        model=model, tokenizer=tokenizer, optimizer=optimizer, n_examples=len(examples), offpolicy=offpolicy
+    )
     step = 0
     sums: dict[str, float] = {}
     n_micro = step_tokens = 0
