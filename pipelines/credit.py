@@ -11,9 +11,19 @@ rollout's final reward):
 
 Advantages are computed per rollout from its score S (R, or G_0 for per_step) against its group
 (the task of its tenant): GRPO (S-mean)/std, RLOO S-mean(others), a running baseline S-b for
-single-sample production traffic (one per tenant), or none; then broadcast to the calls as A·w_t,
-or for per_step (G_t-b)/s. Groups and baselines never span tenants: one tenant's rewards cannot
-move another's advantages.
+single-sample production traffic (one per (tenant, agent)), or none; then broadcast to the calls as
+A·w_t, or for per_step (G_t-b)/s. Groups and baselines never span tenants: one tenant's rewards
+cannot move another's advantages.
+
+The running baseline is a function of the event order, not of how runs batched the data: rollouts
+are taken in the order their reward became known (``_order``: the final reward's time, or the
+rollout's end when later; for a default reward, when the reward horizon passed), and a rollout
+counted once keeps the baseline it was compared with (``known_baselines``). So when every run sees
+the data up to its own moment (the lake fills in time order), running it incrementally in any
+batches gives what one run over everything gives. A reward stamped earlier than rewards already
+counted is counted when it arrives (a rebuild counts it at its time). A default reward is compared
+with the baseline but never moves it: the baseline is a mean of real rewards, and a real reward that
+arrives after its default advances it then, once.
 """
 
 from __future__ import annotations
@@ -54,9 +64,13 @@ class RunningBaseline:
     value: float = 0.0
     count: int = 0
 
+    def peek(self) -> float:
+        """The baseline a score would be compared with now (0 before any)."""
+        return self.value if self.count else 0.0
+
     def advance(self, score: float) -> float:
         """Return the baseline for ``score`` (before seeing it), then update."""
-        before = self.value if self.count else 0.0
+        before = self.peek()
         self.count += 1
         rate = max(1.0 / self.count, 1.0 - BASELINE_DECAY)
         self.value = self.value + rate * (score - self.value) if self.count > 1 else score
@@ -75,17 +89,28 @@ class RunningBaseline:
 
 @dataclass
 class TenantBaselines:
-    """One running baseline per tenant, so one tenant's rewards never move another's advantages.
+    """One running baseline per (tenant, agent): one tenant's rewards never move another's
+    advantages, and agents of one tenant, whose rewards differ in scale, are not compared with each other.
 
-    Saved as the single baseline was (``value``, ``count``: the default tenant's), plus the other
-    tenants under ``tenants``: a lake from before keeps its baseline, and one tenant's is unchanged.
+    Saved as the single baseline was (``value``, ``count``: the default tenant's rollouts without an
+    agent name), the other tenants' agent-less baselines under ``tenants`` and the agents' under
+    ``agents`` (tenant -> agent -> state): a lake from before keeps its baseline, which goes on
+    serving rollouts without an agent; each agent's starts empty.
     """
 
     by_tenant: dict[str, RunningBaseline] = field(default_factory=dict)
+    by_agent: dict[tuple[str, str], RunningBaseline] = field(default_factory=dict)
 
-    def of(self, tenant: str) -> RunningBaseline:
-        """The tenant's baseline, started empty the first time the tenant is seen."""
-        return self.by_tenant.setdefault(tenant, RunningBaseline())
+    def of(self, tenant: str, agent: str | None = None) -> RunningBaseline:
+        """The baseline of ``agent`` in ``tenant`` (without an agent: the tenant's), started empty when new."""
+        if agent is None:
+            return self.by_tenant.setdefault(tenant, RunningBaseline())
+        return self.by_agent.setdefault((tenant, agent), RunningBaseline())
+
+    def peek(self, tenant: str, agent: str | None = None) -> float:
+        """What a score of ``agent`` in ``tenant`` would be compared with now; records nothing."""
+        found = self.by_tenant.get(tenant) if agent is None else self.by_agent.get((tenant, agent))
+        return found.peek() if found is not None else 0.0
 
     def to_json(self) -> str:
         default = self.by_tenant.get(DEFAULT_TENANT, RunningBaseline())
@@ -94,6 +119,11 @@ class TenantBaselines:
         others.pop(DEFAULT_TENANT, None)
         if others:
             out["tenants"] = others
+        agents: dict[str, dict[str, dict[str, float | int]]] = {}
+        for (tenant, agent), b in sorted(self.by_agent.items()):
+            agents.setdefault(tenant, {})[agent] = {"value": b.value, "count": b.count}
+        if agents:
+            out["agents"] = agents
         return json.dumps(out)
 
     @classmethod
@@ -106,6 +136,9 @@ class TenantBaselines:
             out.by_tenant[DEFAULT_TENANT] = RunningBaseline(float(d["value"]), int(d["count"]))
         for tenant, b in (d.get("tenants") or {}).items():
             out.by_tenant[tenant] = RunningBaseline(float(b["value"]), int(b["count"]))
+        for tenant, agents in (d.get("agents") or {}).items():
+            for agent, b in agents.items():
+                out.by_agent[(tenant, agent)] = RunningBaseline(float(b["value"]), int(b["count"]))
         return out
 
 
@@ -144,8 +177,18 @@ def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.Dat
     raise ValueError(f"unknown credit mode {mode!r}; expected identical, discounted, per_step or last_only")
 
 
-def _state_of(state: RunningBaseline | TenantBaselines, tenant: str) -> RunningBaseline:
-    return state.of(tenant) if isinstance(state, TenantBaselines) else state
+def _running(
+    state: RunningBaseline | TenantBaselines,
+    tenant: str,
+    agent: str | None,
+    score: float,
+    *,
+    default: bool,
+) -> float:
+    """The baseline ``score`` is compared with; a real score then advances it, a default one does not."""
+    if isinstance(state, TenantBaselines):
+        return state.peek(tenant, agent) if default else state.of(tenant, agent).advance(score)
+    return state.peek() if default else state.advance(score)
 
 
 def advantages(
@@ -156,20 +199,35 @@ def advantages(
     per_step: bool = False,
     baseline: RunningBaseline | TenantBaselines | None = None,
     known_baselines: dict[tuple[str, str], float] | None = None,
+    held_baselines: dict[tuple[str, str], float] | None = None,
 ) -> pl.DataFrame:
     """Add ``advantage`` and ``baseline``: per rollout from ``score`` over its group, then broadcast.
 
     A group is ``group_id`` within the rollout's ``tenant`` (when the calls carry one), and each
-    tenant has its own running baseline (``TenantBaselines``; a plain ``RunningBaseline`` serves
-    calls without tenants). For the running baseline, ``known_baselines`` (by (tenant, rollout id))
-    holds what rollouts seen before were compared with: they keep it, and only rollouts new to it
-    advance the running value, so recomputing a group never counts a rollout twice.
+    (tenant, agent) has its own running baseline (``TenantBaselines``; the agent is ``_agent0``, the
+    rollout's first, else its first call's ``agent_name``; a plain ``RunningBaseline`` serves calls
+    without tenants). Rollouts are taken in ``_order`` (see the module doc). For the running baseline,
+    ``known_baselines`` (by (tenant, rollout id)) holds what rollouts counted before were compared
+    with: they keep it, and only rollouts new to it advance the running value, so recomputing a group
+    never counts a rollout twice. Rollouts whose ``_default_reward`` is set are compared without
+    advancing; ``held_baselines`` holds what such rollouts were compared with before (they keep it
+    while their reward is still the default; a real one is counted when it comes).
     """
     rid = pl.col("rollout_id") if "rollout_id" in calls.columns else pl.col("_attempt").alias("rollout_id")
     tenant = pl.col("tenant") if "tenant" in calls.columns else pl.lit(DEFAULT_TENANT).alias("tenant")
     group = ["tenant", "group_id"]
+    agent = pl.col("agent_name").first() if "agent_name" in calls.columns else pl.lit(None, pl.String)
+    if "_agent0" in calls.columns:
+        agent = pl.coalesce(pl.col("_agent0").first(), agent)
+    default = pl.col("_default_reward").first() if "_default_reward" in calls.columns else pl.lit(False)
     rollouts = calls.group_by("_attempt").agg(
-        rid.first(), tenant.first(), pl.col("group_id").first(), pl.col("score").first(), pl.col("_order").first()
+        rid.first(),
+        tenant.first(),
+        pl.col("group_id").first(),
+        pl.col("score").first(),
+        pl.col("_order").first(),
+        agent.alias("_agent"),
+        default.alias("_default"),
     )
     if mode == "grpo":
         stats = rollouts.group_by(group).agg(
@@ -194,13 +252,19 @@ def advantages(
         )
     elif mode == "running_baseline":
         state = baseline if baseline is not None else TenantBaselines()
-        known = known_baselines or {}
-        rollouts = rollouts.sort("_order", "_attempt")
-        keys = zip(rollouts["tenant"].to_list(), rollouts["rollout_id"].to_list(), strict=True)
-        b = [
-            known[key] if key in known else _state_of(state, key[0]).advance(s)
-            for key, s in zip(keys, rollouts["score"].to_list(), strict=True)
-        ]
+        known, held = known_baselines or {}, held_baselines or {}
+        rollouts = rollouts.sort("_order", "tenant", "rollout_id", "_attempt")
+        b: list[float] = []
+        for tenant_, rollout, agent_, score, is_default in rollouts.select(
+            "tenant", "rollout_id", "_agent", "score", "_default"
+        ).iter_rows():
+            key = (tenant_, rollout)
+            if key in known:
+                b.append(known[key])
+            elif is_default and key in held:
+                b.append(held[key])
+            else:
+                b.append(_running(state, tenant_, agent_, score, default=bool(is_default)))
         rollouts = rollouts.with_columns(pl.Series("_b", b, pl.Float64), pl.lit(1.0).alias("_s"))
     elif mode == "none":
         rollouts = rollouts.with_columns(pl.lit(0.0).alias("_b"), pl.lit(1.0).alias("_s"))

@@ -23,8 +23,8 @@ from pipelines.credit import TenantBaselines
 from pipelines.identity import resolve_rollouts
 from pipelines.ingest import app_id
 from pipelines.retokenize import Retokenizer
-from pipelines.trajectories import assemble, empty_rewards
-from pipelines.transitions import build
+from pipelines.trajectories import TERMINAL, assemble, empty_rewards
+from pipelines.transitions import build, expired, final_reward_entry
 from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
 from schemas.lake import Lake, unseen_offsets
@@ -34,6 +34,9 @@ TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
 TRAJ_VERSION = "trajectories.version"  # the `trajectories` version the transitions step last read
 REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
 BASELINE_KEY = "agentlake.running_baseline"
+# The end time (epoch us) before which a finished rollout without a reward had passed the reward horizon
+# as of the last transitions run: a run picks up those that passed it since, once each, with no new data.
+EXPIRED_UNTIL = "trajectories.expired_until"
 G = TypeVar("G")
 
 
@@ -312,7 +315,10 @@ def update_transitions(
 
     Groups are taken in chunks of about ``chunk_rollouts`` changed trajectories, one commit each,
     so memory follows the chunk, not the backlog; the watermark goes in with the last chunk, and a
-    crash in between redoes the same replacements. The running baseline carries from chunk to chunk.
+    crash in between redoes the same replacements. The running baseline carries from chunk to chunk,
+    whose groups then go in the order their rollouts' rewards became known. Groups also count as
+    changed when a rollout of theirs passed the reward horizon without a reward since the last run
+    (`_lapsed`): that is how a rollout is dropped or given the default reward when no data comes.
     """
     now = now or dt.datetime.now(dt.UTC)
     res = StepResult()
@@ -325,41 +331,62 @@ def update_transitions(
     if mark is not None:
         changed = traj.filter(pl.col("updated_at") > dt.datetime.fromtimestamp(mark / 1e6, dt.UTC))
     group = pl.coalesce("task_id", "rollout_id").alias("group_id")
-    touched = changed.select("tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us")).collect()
+    touched = changed.select("tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us"), _KNOWN_AT).collect()
+    lapsed, expired_until = _lapsed(traj, credit, now, lake.txn("transitions", EXPIRED_UNTIL))
+    if lapsed is not None:
+        lapsed = lapsed.select("tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us"), _KNOWN_AT).collect()
+        touched_or_lapsed = pl.concat([touched, lapsed]).unique(keys.ROLLOUT, keep="first")
+    else:
+        touched_or_lapsed = touched
     # Rollouts the trajectories step removed (their trace joined another rollout), and the groups
     # changed rollouts were filed under before (a task id that arrived late): their old rows must go.
     seen_version = lake.txn("transitions", TRAJ_VERSION)
     removed, removed_any_tenant = _removed_rollouts(traj_table, seen_version)
-    sizes = touched.group_by(keys.GROUP).len()
+    sizes = touched_or_lapsed.group_by(keys.GROUP).agg(pl.len(), pl.col("_known_at").min())
     previous = lake.scan("transitions")
-    if previous is not None and (removed or removed_any_tenant or touched.height):
-        lookup = _pairs(touched, "rollout_id") | removed
+    if previous is not None and (removed or removed_any_tenant or touched_or_lapsed.height):
+        lookup = _pairs(touched_or_lapsed, "rollout_id") | removed
         ids = sorted({r for _, r in lookup} | removed_any_tenant)
         old = previous.filter(pl.col("rollout_id").is_in(ids)).select(*keys.ROLLOUT, "group_id").unique().collect()
         old = pl.concat(
             [keys.keep(old, lookup, "rollout_id"), old.filter(pl.col("rollout_id").is_in(sorted(removed_any_tenant)))]
         )
         extra = old.select(keys.GROUP).unique().join(sizes, on=keys.GROUP, how="anti")
-        sizes = pl.concat([sizes, extra.with_columns(pl.lit(1, pl.UInt32).alias("len"))])
+        extra = extra.with_columns(
+            pl.lit(1, pl.UInt32).alias("len"), pl.lit(None, sizes["_known_at"].dtype).alias("_known_at")
+        )
+        sizes = pl.concat([sizes, extra.select(sizes.columns)])
     if sizes.is_empty():
         return res
-    sizes = sizes.sort(keys.GROUP)
+    # the running baseline counts rollouts in the order their rewards became known: so do the chunks
+    order = ["_known_at", *keys.GROUP] if credit.advantage == "running_baseline" else keys.GROUP
+    sizes = sizes.sort(order, nulls_last=False)
     new_mark = int(touched["updated_at"].max()) if touched.height else mark  # type: ignore[arg-type]
     marks = {TRAJ_VERSION: traj_table.version()}
     if new_mark is not None:
         marks[TRAJ_FROM_TRANSITIONS] = new_mark
+    if expired_until is not None:
+        marks[EXPIRED_UNTIL] = expired_until
     chunks = _group_chunks(list(sizes.select(keys.GROUP).iter_rows()), sizes["len"].to_list(), chunk_rollouts)
     baseline = None
     if credit.advantage == "running_baseline":
         baseline = TenantBaselines.from_json(_saved_baseline(lake))
     dropped: dict[str, int] = {}
-    mismatches = 0
+    mismatches = defaulted = 0
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
         rows = traj.filter(pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups]))
         rows = keys.keep(rows.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
-        known = _known_baselines(previous, groups) if baseline is not None else None
-        out = build(rows, credit, now=now, retokenizer=retokenizer, baseline=baseline, known_baselines=known)
+        known, held = _known_baselines(previous, groups) if baseline is not None else (None, None)
+        out = build(
+            rows,
+            credit,
+            now=now,
+            retokenizer=retokenizer,
+            baseline=baseline,
+            known_baselines=known,
+            held_baselines=held,
+        )
         baseline = out.baseline
         last = i == len(chunks) - 1
         # The baseline goes in with the watermark: a rerun after a crash between chunks starts again
@@ -377,6 +404,7 @@ def update_transitions(
         )
         res.rows += out.table.num_rows
         res.rollouts += out.rollouts
+        defaulted += out.defaulted
         mismatches += out.merge_mismatches
         for reason, n in out.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
@@ -390,23 +418,57 @@ def update_transitions(
         "merge_mismatches": mismatches,
         **{f"dropped_{k}": v for k, v in sorted(dropped.items())},
     }
+    if defaulted:
+        res.extra["default_reward_rollouts"] = defaulted
     if rewarded:
         res.extra["reward_mean"] = reward_sum / rewarded
     return res
 
 
-def _known_baselines(previous: pl.LazyFrame | None, groups: list[keys.Key]) -> dict[keys.Key, float]:
-    """The running baseline each rollout of ``groups`` was already compared with (it advanced then),
-    by (tenant, rollout id)."""
+# When a rollout's reward became known (its final reward's time, or its end when later): the order
+# the running baseline counts rollouts in (`pipelines.credit`), used here to order a run's chunks.
+_KNOWN_AT = pl.max_horizontal("end_time", final_reward_entry("event_time")).alias("_known_at")
+
+
+def _lapsed(
+    traj: pl.LazyFrame, credit: CreditSettings, now: dt.datetime, since_us: int | None
+) -> tuple[pl.LazyFrame | None, int | None]:
+    """Finished rollouts without a reward whose horizon passed since the last run (end time in
+    [``since_us``, now - horizon)), and the new mark; (None, None) without a horizon."""
+    if not credit.reward_horizon_s:
+        return None, None
+    cutoff = now - dt.timedelta(seconds=credit.reward_horizon_s)
+    cutoff_us = int(cutoff.timestamp() * 1_000_000)
+    waiting = (
+        pl.col("final_reward").is_null()
+        & pl.col("status").is_in(TERMINAL)
+        & (pl.col("n_llm_calls") > 0)
+        & expired(credit, now)
+    )
+    if since_us is not None:
+        waiting = waiting & (pl.col("end_time") >= dt.datetime.fromtimestamp(since_us / 1e6, dt.UTC))
+    return traj.filter(waiting), max(cutoff_us, since_us or cutoff_us)
+
+
+def _known_baselines(
+    previous: pl.LazyFrame | None, groups: list[keys.Key]
+) -> tuple[dict[keys.Key, float], dict[keys.Key, float]]:
+    """The running baseline each rollout of ``groups`` was already compared with, by (tenant, rollout
+    id): of those that advanced it (a real reward), and of those that held it (a default reward)."""
     if previous is None:
-        return {}
+        return {}, {}
+    source = pl.col("reward_source") if "reward_source" in previous.collect_schema().names() else pl.lit(None)
     seen = (
         previous.filter(keys.among(groups, "group_id") & pl.col("baseline").is_not_null())
-        .select(*keys.GROUP, "rollout_id", "baseline")
+        .select(*keys.GROUP, "rollout_id", "baseline", (source == "default").fill_null(False).alias("_default"))
         .collect()
     )
     seen = keys.keep(seen, groups, "group_id").unique(keys.ROLLOUT, keep="first")
-    return {(t, r): b for t, r, b in seen.select(*keys.ROLLOUT, "baseline").iter_rows()}
+    known: dict[keys.Key, float] = {}
+    held: dict[keys.Key, float] = {}
+    for t, r, b, is_default in seen.select(*keys.ROLLOUT, "baseline", "_default").iter_rows():
+        (held if is_default else known)[(t, r)] = b
+    return known, held
 
 
 def _removed_rollouts(traj: DeltaTable, after: int | None) -> tuple[set[keys.Key], set[str]]:

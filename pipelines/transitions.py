@@ -4,6 +4,11 @@ Pure: a Polars frame of `trajectories` rows in, an Arrow table of `transitions` 
 count of every row left out and why (the trainer must be able to tell "no data" from "all dropped").
 A rollout is (tenant, rollout id) and a group (tenant, task): two tenants' rollouts never share
 an attempt choice, a GRPO group, a baseline or a transition id.
+
+A finished rollout without a final reward waits for one (``no_reward_waiting``) until
+``credit.reward_horizon_s`` after its end (relative to ``now``; unset: forever); then it is dropped
+(``no_reward_expired``) or trained with ``credit.missing_reward`` (``reward_source = "default"``).
+A real reward always wins, whenever it comes: the rollout is built again with it.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class TransitionsResult:
     merge_mismatches: int = 0
     rollouts: int = 0
     baseline: RunningBaseline | TenantBaselines | None = None
+    defaulted: int = 0  # rollouts trained with credit.missing_reward
 
 
 def latest_terminal_attempts(traj: pl.DataFrame) -> tuple[pl.DataFrame, int]:
@@ -49,6 +55,52 @@ def latest_terminal_attempts(traj: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     done = traj.filter(pl.col("status").is_in(TERMINAL))
     kept = done.sort("end_time", "updated_at", nulls_last=False).unique(keys.ROLLOUT, keep="last")
     return kept, done.height - kept.height
+
+
+def final_reward_entry(field_name: str) -> pl.Expr:
+    """A field of the reward entry `assemble` took as ``final_reward`` (the last primary, else the first)."""
+    rewards = pl.col("rewards")
+    primary = rewards.list.eval(
+        pl.element().filter(pl.element().struct.field("name") == A.PRIMARY_REWARD_NAME).struct.field(field_name)
+    ).list.last()
+    return pl.coalesce(primary, rewards.list.first().struct.field(field_name))
+
+
+def expired(credit: CreditSettings, now: dt.datetime) -> pl.Expr:
+    """Rows of `trajectories` whose reward horizon has passed at ``now`` (never, without a horizon)."""
+    if not credit.reward_horizon_s:
+        return pl.lit(False)
+    return pl.col("end_time") < now - dt.timedelta(seconds=credit.reward_horizon_s)
+
+
+def _with_rewards(kept: pl.DataFrame, credit: CreditSettings, now: dt.datetime, res: TransitionsResult) -> pl.DataFrame:
+    """Give each rollout its final reward, where it came from and when it became known (``_order``):
+    waiting ones are left out, expired ones dropped or given the default, as the module doc says."""
+    missing = pl.col("final_reward").is_null()
+    gone = expired(credit, now).fill_null(False)
+    calls = pl.col("n_llm_calls").fill_null(0)
+    waiting = kept.filter(missing & ~gone).select(calls.sum()).item()
+    if waiting:
+        res.dropped["no_reward_waiting"] += int(waiting)
+    default = credit.missing_reward
+    if default == "drop":
+        dropped = kept.filter(missing & gone).select(calls.sum()).item()
+        if dropped:
+            res.dropped["no_reward_expired"] += int(dropped)
+        kept = kept.filter(~missing)
+    else:
+        res.defaulted = kept.filter(missing & gone & (calls > 0)).height
+        kept = kept.filter(~missing | gone)
+    horizon = dt.timedelta(seconds=credit.reward_horizon_s or 0)
+    return kept.with_columns(
+        missing.alias("_default_reward"),
+        pl.when(missing).then(pl.lit("default")).otherwise(final_reward_entry("source")).alias("reward_source"),
+        pl.col("final_reward").fill_null(0.0 if default == "drop" else float(default)),
+        pl.when(missing)
+        .then(pl.col("end_time") + horizon)
+        .otherwise(pl.max_horizontal("end_time", final_reward_entry("event_time")))
+        .alias("_order"),
+    )
 
 
 def _step_rewards(rollout: dict[str, Any], ends: list[int]) -> tuple[list[float | None], bool]:
@@ -95,18 +147,21 @@ def build(
     retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
     baseline: RunningBaseline | TenantBaselines | None = None,
     known_baselines: dict[tuple[str, str], float] | None = None,
+    held_baselines: dict[tuple[str, str], float] | None = None,
 ) -> TransitionsResult:
-    """`trajectories` rows (all rollouts of the affected groups) to `transitions` rows."""
+    """`trajectories` rows (all rollouts of the affected groups) to `transitions` rows.
+
+    ``now`` decides which rollouts without a reward have passed the reward horizon; ``known_baselines``
+    and ``held_baselines`` are what rollouts were compared with before (`pipelines.credit.advantages`).
+    """
     mode: CreditMode = credit.mode
     adv_mode: AdvantageMode = credit.advantage
     res = TransitionsResult(table=TRANSITIONS.empty_table(), baseline=baseline)
     kept, superseded = latest_terminal_attempts(traj)
     if superseded:
         res.dropped["superseded_attempt"] += int(superseded)
-    no_reward = kept.filter(pl.col("final_reward").is_null())
-    if no_reward.height:
-        res.dropped["no_reward"] += int(no_reward["n_llm_calls"].fill_null(0).sum())
-    kept = kept.filter(pl.col("final_reward").is_not_null() & (pl.col("n_llm_calls") > 0))
+    kept = _with_rewards(kept, credit, now, res)
+    kept = kept.filter(pl.col("n_llm_calls") > 0)
     if kept.is_empty():
         return res
 
@@ -125,8 +180,10 @@ def build(
             "task_id",
             "group_id",
             "final_reward",
+            "reward_source",
+            "_default_reward",
             "day",
-            pl.col("end_time").alias("_order"),
+            "_order",
             "_agent0",
             "calls",
         )
@@ -227,6 +284,7 @@ def build(
         per_step=mode == "per_step",
         baseline=res.baseline,
         known_baselines=known_baselines,
+        held_baselines=held_baselines,
     )
     res.rollouts = calls["_attempt"].n_unique()
     out = calls.with_columns(
@@ -242,4 +300,5 @@ def build(
         merge_mismatches=res.merge_mismatches,
         rollouts=res.rollouts,
         baseline=res.baseline,
+        defaulted=res.defaulted,
     )

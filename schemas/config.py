@@ -435,6 +435,12 @@ class CreditSettings(_Section):
     merge_calls: bool = False
     max_tokens: int = Field(4096, ge=1)
     idle_timeout_s: float = Field(300.0, gt=0)
+    # How long after a finished rollout ended its final reward is waited for (None or 0: forever), and
+    # what a rollout still without one then becomes: "drop" (left out, counted as no_reward_expired) or
+    # a number, the reward it is trained with (its rows say reward_source = "default"; a real reward
+    # that comes later replaces it).
+    reward_horizon_s: float | None = Field(None, ge=0)
+    missing_reward: Literal["drop"] | float = "drop"
 
 
 # Detectors pipelines.redact knows by name; `redaction.patterns` adds named regexes of a deployment's own.

@@ -172,7 +172,7 @@ TRAJECTORIES = _versioned(
 # --- gold --------------------------------------------------------------------------------------
 TRANSITIONS = _versioned(
     "transitions",
-    2,
+    3,  # v3: reward_source
     [
         # rollout_id/attempt_id/step, + "@<tenant>" for any tenant but "default" (pipelines/keys.py)
         pa.field("transition_id", pa.string(), nullable=False),
@@ -188,6 +188,9 @@ TRANSITIONS = _versioned(
         pa.field("response_logprobs", pa.list_(pa.float32())),  # behaviour logprobs; null if unknown
         pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),  # per response token; 0 = observation
         pa.field("reward", pa.float64(), nullable=False),
+        # where the rollout's final reward came from: "span" | "event" | "default" (none came within
+        # credit.reward_horizon_s: credit.missing_reward stands in); null in rows from before v3
+        pa.field("reward_source", pa.string()),
         pa.field("return", pa.float64(), nullable=False),
         pa.field("advantage", pa.float64(), nullable=False),
         # what the rollout's score was compared with (group mean, leave-one-out mean, running value)
