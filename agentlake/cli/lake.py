@@ -153,10 +153,11 @@ def accept_reset(
 
 
 def _tables(table: str) -> list[str]:
-    from schemas.tables import TABLES
+    """The tables ``--table`` names: all known ones, or one (a credit variant ``transitions__<name>`` too)."""
+    from schemas.tables import TABLES, base_table
 
-    if table != "all" and table not in TABLES:
-        raise typer.BadParameter(f"--table must be all or one of {', '.join(TABLES)}")
+    if table != "all" and base_table(table) is None:
+        raise typer.BadParameter(f"--table must be all, one of {', '.join(TABLES)}, or a variant transitions__<name>")
     return list(TABLES) if table == "all" else [table]
 
 

@@ -201,6 +201,12 @@ def test_the_cli_rebuilds_a_variant_and_shows_its_settings(lake: Lake, tmp_path:
     shown = runner.invoke(app_(), ["transitions", "show", "discounted_g0p9_rloo", "--config", str(config)])
     assert shown.exit_code == 0 and '"gamma": 0.9' in shown.output
 
+    compacted = runner.invoke(
+        app_(), ["lake", "compact", "--table", "transitions__discounted_g0p9_rloo", "--config", str(config)]
+    )
+    assert compacted.exit_code == 0 and "transitions__discounted_g0p9_rloo:" in compacted.output
+    assert recorded_credit(lake, "transitions__discounted_g0p9_rloo")["gamma"] == 0.9  # a compaction records none
+
     refused = runner.invoke(app_(), ["transitions", "rebuild", "--name", "main", "--config", str(config)])
     assert refused.exit_code == 1 and "incremental pipeline" in refused.output
     bad = runner.invoke(app_(), [*args[:2], "--gamma", "1.5", "--config", str(config)])
