@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pipelines import keys
 from pipelines.incremental import BASELINE_KEY, _group_chunks
@@ -36,7 +37,8 @@ from pipelines.transitions import build
 from schemas.config import CreditSettings
 from schemas.errors import LakeError
 from schemas.lake import Lake
-from schemas.tables import CREDIT_METADATA_KEY, TRANSITIONS, transitions_variant
+from schemas.storage import filesystem
+from schemas.tables import CREDIT_METADATA_KEY, TRANSITIONS, VARIANT_SEPARATOR, base_table, transitions_variant
 
 MAIN_NAMES = ("main", "transitions")  # names that would mean the pipeline's own table
 TRAJECTORIES_VERSION_KEY = "agentlake.trajectories_version"  # variant commit metadata: the version it read
@@ -141,6 +143,25 @@ def rebuild_variant(
         credit=credit,
         dropped=dropped,
     )
+
+
+def variant_names(lake: Lake) -> list[str]:
+    """The variants built in ``lake`` (their names, sorted): the folders ``transitions__<name>`` holding a Delta log.
+
+    Listed from storage, so every copy of transition rows is found (what `agentlake forget` must reach too).
+    """
+    fs, root = filesystem(lake.root, lake.storage_options)
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    prefix = f"transitions{VARIANT_SEPARATOR}"
+    names = []
+    for entry in entries:
+        if entry.type == pafs.FileType.Directory and base_table(entry.base_name) == "transitions":
+            if entry.base_name.startswith(prefix) and lake.table(entry.base_name) is not None:
+                names.append(entry.base_name.removeprefix(prefix))
+    return sorted(names)
 
 
 def describe(lake: Lake, name: str) -> dict[str, object] | None:

@@ -84,6 +84,31 @@ def rebuild(
     console.print(f"  train on it: agentlake train --once --table {res.table}")
 
 
+@transitions_app.command("list")
+@handle_errors
+def list_variants(config: str | None = ConfigOption) -> None:
+    """List the variants built in the lake, each with its version, rows and credit settings."""
+    from pipelines.variants import describe, variant_names
+    from schemas.lake import Lake
+
+    lake = Lake.from_settings(settings_or_exit(config))
+    names = variant_names(lake)
+    if not names:
+        console.print("no credit variants yet: `agentlake transitions rebuild --credit ... --advantage ...` builds one")
+    for name in names:
+        info = describe(lake, name)
+        if info is None:
+            console.print(f"transitions__{name}: no credit settings recorded", soft_wrap=True)
+            continue
+        credit = info["credit"] or {}
+        spelled = ", ".join(f"{k}={credit[k]}" for k in ("mode", "gamma", "advantage", "normalize_std") if k in credit)
+        console.print(
+            f"[green]{info['table']}[/] version {info['version']}, {info['rows']} rows: {spelled} "
+            f"(from trajectories version {info['trajectories_version']})",
+            soft_wrap=True,
+        )
+
+
 @transitions_app.command("show")
 @handle_errors
 def show(

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from pipelines.decoding import KafkaRecord, decode_spans
 from pipelines.incremental import update_trajectories, update_transitions
 from pipelines.transitions import build
-from pipelines.variants import VariantError, default_name, describe, rebuild_variant, variant_table
+from pipelines.variants import VariantError, default_name, describe, rebuild_variant, variant_names, variant_table
 from schemas.config import CreditSettings
 from schemas.lake import Lake
 from schemas.tables import transitions_variant
@@ -111,6 +111,9 @@ def test_the_settings_a_variant_was_built_with_are_recorded_per_version(lake: La
     assert info is not None and info["credit"] == other.model_dump() and info["version"] == second.version
     assert info["trajectories_version"] == lake.version("trajectories") and info["rows"] == 8
     assert describe(lake, "never_built") is None
+    assert variant_names(lake) == ["exp"]
+    rebuild_variant(lake, DISCOUNTED_RLOO, name="disc09", now=NOW)
+    assert variant_names(lake) == ["disc09", "exp"]  # found in storage, the main table not among them
 
 
 def test_names_derive_from_the_settings_and_the_main_table_is_refused(lake: Lake) -> None:
@@ -198,6 +201,9 @@ def test_the_cli_rebuilds_a_variant_and_shows_its_settings(lake: Lake, tmp_path:
     assert "transitions__discounted_g0p9_rloo version 0: 8 transitions from 4 rollouts" in out.output
     assert recorded_credit(lake, "transitions__discounted_g0p9_rloo")["advantage"] == "rloo"
 
+    listed = runner.invoke(app_(), ["transitions", "list", "--config", str(config)])
+    assert listed.exit_code == 0 and "transitions__discounted_g0p9_rloo" in listed.output
+    assert "advantage=rloo" in " ".join(listed.output.split())
     shown = runner.invoke(app_(), ["transitions", "show", "discounted_g0p9_rloo", "--config", str(config)])
     assert shown.exit_code == 0 and '"gamma": 0.9' in shown.output
 
