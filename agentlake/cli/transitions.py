@@ -1,4 +1,4 @@
-"""`agentlake transitions rebuild | show`: credit variants of `transitions` (logic in pipelines.variants)."""
+"""`agentlake transitions rebuild | list | show`: credit variants of `transitions` (logic in pipelines.variants)."""
 
 from __future__ import annotations
 
