@@ -10,9 +10,9 @@ version of it, never a change to `transitions`, which the incremental pipeline o
 Each commit records its ``CreditSettings`` (``schemas.tables.CREDIT_METADATA_KEY``) and the
 `trajectories` version it read, so ``trainer.lineage.recorded_credit`` tells what a model version
 trained on. Group advantages (GRPO, RLOO) are recomputed over the groups as they are now; a running
-baseline starts fresh and advances over every rollout in order of end time (one ``build`` over all
-groups, since chunks would reorder it), so it equals what a lake replayed at once would compute, not
-the baseline the incremental table accumulated rollout by rollout.
+baseline starts fresh and advances over every rollout in the order ``build`` counts them (when each
+reward became known), in one ``build`` over all groups since chunks would reorder them: what a lake
+replayed at once computes, not a continuation of the baseline saved in `transitions`.
 
 Transition ids are the same in every variant (rollout, attempt, step): the trainer counts what it
 consumed per table, so training on a variant leaves the main table's rows pending, and a variant

@@ -132,12 +132,13 @@ def test_names_derive_from_the_settings_and_the_main_table_is_refused(lake: Lake
     assert transitions_variant("disc09") == "transitions__disc09"
 
 
-def test_a_running_baseline_variant_starts_fresh_in_order_of_end_time(lake: Lake) -> None:
+def test_a_running_baseline_variant_starts_fresh(lake: Lake) -> None:
     credit = CreditSettings(advantage="running_baseline")
     update_transitions(lake, credit, now=NOW)  # the main table's baseline has now seen every rollout
     res = rebuild_variant(lake, credit, name="rb", now=NOW, chunk_rollouts=1)
     rows = _read(lake, res.table).unique("rollout_id").sort("rollout_id")
-    # r0..r3 ended in that order; the baseline before each is an EMA started empty (pipelines.credit)
+    # r0..r3 were rewarded in that order; the baseline before each is an EMA started empty (pipelines.credit),
+    # not the one the main table saved after counting all four
     assert rows["baseline"].to_list() == pytest.approx([0.0, 1.0, 0.5, 0.5])
     assert rows["advantage"].to_list() == pytest.approx([1.0, -1.0, 0.0, 0.5])
 
