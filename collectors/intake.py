@@ -20,15 +20,12 @@ within ``dedupe_ttl_s``. A delivery that failed is forgotten, and the retry prod
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import gc
 import hashlib
 import logging
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -46,6 +43,7 @@ from collectors.records import (
 )
 from collectors.sink import RecordSink
 from schemas.config import CollectorSettings, KafkaSettings
+from schemas.gc_pause import gc_paused
 from schemas.topics import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
@@ -53,34 +51,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DECODE_WORKERS = 2  # the GIL makes more threads no faster; two keep one big body from delaying all others
 _DECODERS = ThreadPoolExecutor(max_workers=DECODE_WORKERS, thread_name_prefix="collector-decode")
-_gc_lock = threading.Lock()
-_gc_holders = 0
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a body decodes (on any decode thread).
-
-    Splitting 100,000 traces allocates 100,000 records, which set off full collections of 40-220 ms
-    each; they stop every thread, the event loop's too. What a body allocates is not cyclic, and the
-    collector runs again once the last decode ends.
-    """
-    global _gc_holders
-    with _gc_lock:
-        ours = _gc_holders > 0 or gc.isenabled()  # else paused by someone else: leave it to them
-        if ours:
-            _gc_holders += 1
-            gc.disable()
-    if not ours:
-        yield
-        return
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_holders -= 1
-            if _gc_holders == 0:
-                gc.enable()
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -106,7 +76,7 @@ class Stats:
 
 
 def _paused(fn: Callable[..., T], *args: object) -> T:
-    with _gc_paused():
+    with gc_paused():
         return fn(*args)
 
 

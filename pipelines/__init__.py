@@ -2,7 +2,7 @@
 
 ``defs`` is what ``dagster dev`` (via dagster_home/workspace.yaml) and
 ``dagster asset materialize -m pipelines --select '*'`` load. The modules it is built from
-(decode, ingest, trajectories, credit, transitions, retokenize, query, replay) are plain code
+(decoding, ingest, incremental, identity, trajectories, transitions, credit, retokenize, query, replay) are plain code
 over Arrow/Polars that tests and the CLI call directly.
 """
 

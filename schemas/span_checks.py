@@ -2,7 +2,7 @@
 
 The collector applies them as spans arrive and refuses a span that fails (OTLP partial success, or
 400 when every span of a request fails), so nothing it acknowledges is quarantined later. They
-state the rules ingestion (``pipelines/decode.py``) quarantines a record by: token ids are integers
+state the rules ingestion (``pipelines/decoding``) quarantines a record by: token ids are integers
 in ``[0, 2**31)`` (stored as int32), logprobs are numbers, a reward value is a number, either as an
 OTLP array or as a string holding a JSON list (some SDKs only write strings); which attribute is
 read among several conventions follows ``first_present``, as ingestion picks it. They add what the
@@ -153,8 +153,10 @@ def first_present(keys: Sequence[str], attrs: Mapping[str, Any]) -> tuple[str, A
     return None
 
 
-def _reward_attribute(name: str, attrs: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """Which attribute holds the reward of a reward span (ours, or Agent Lightning's)."""
+def reward_attribute(name: str, attrs: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """Which attribute holds the reward of a reward span (ours, or Agent Lightning's): (key, value).
+
+    The one rule: the collector checks that value and ingestion stores it."""
     if name == A.REWARD_SPAN_NAME:
         value = attrs.get(A.REWARD_VALUE)
         return None if value is None else (A.REWARD_VALUE, value)
@@ -175,7 +177,7 @@ def attributes_problem(name: str, attrs: Mapping[str, Any]) -> str | None:
         value = attrs.get(key)
         if value is not None and (why := logprobs_problem(value)) is not None:
             return f"attributes[{key}]: {why}"
-    reward = _reward_attribute(name, attrs)
+    reward = reward_attribute(name, attrs)
     if reward is not None and (why := reward_value_problem(reward[1])) is not None:
         return f"attributes[{reward[0]}]: {why}"
     return None

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipelines.decoding.gc_pause import gc_paused
 from pipelines.decoding.kafka_record import KafkaRecord
 from pipelines.decoding.quarantine import quarantine_row
 from pipelines.decoding.rows import GROUP_COLUMNS, ROW_COLUMNS, ROW_TYPE
 from pipelines.decoding.spans import TokenArrays, decode_request
 from pipelines.decoding.tokens import TOKEN_COLUMNS, token_column
+from schemas.gc_pause import gc_paused
 from schemas.tables import QUARANTINE, SPANS
 
 _US_PER_DAY = 86_400_000_000

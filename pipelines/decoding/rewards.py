@@ -29,17 +29,15 @@ def _reward_value(value: Any, key: str) -> float:
 
 def span_reward(name: str, attrs: Mapping[str, Any]) -> tuple[float | None, str | None]:
     """The reward a span named ``name`` carries and its name; unnamed rewards are primary."""
-    if name == A.REWARD_SPAN_NAME and attrs.get(A.REWARD_VALUE) is not None:
-        value = _reward_value(attrs[A.REWARD_VALUE], A.REWARD_VALUE)
-        return value, as_text(attrs.get(A.REWARD_NAME)) or A.PRIMARY_REWARD_NAME
-    if name == A.AGL_REWARD_SPAN_NAME:
-        key = span_checks.AGL_FIRST_REWARD
-        if attrs.get(key) is None:
-            key = A.AGL_LEGACY_REWARD
-        if attrs.get(key) is not None:
-            rname = attrs.get(f"{A.AGL_REWARD_PREFIX}.0.{A.AGL_REWARD_NAME_SUFFIX}")
-            return _reward_value(attrs[key], key), as_text(rname) or A.PRIMARY_REWARD_NAME
-    return None, None
+    found = span_checks.reward_attribute(name, attrs)
+    if found is None:
+        return None, None
+    key, value = found
+    if name == A.REWARD_SPAN_NAME:
+        rname = attrs.get(A.REWARD_NAME)
+    else:
+        rname = attrs.get(f"{A.AGL_REWARD_PREFIX}.0.{A.AGL_REWARD_NAME_SUFFIX}")
+    return _reward_value(value, key), as_text(rname) or A.PRIMARY_REWARD_NAME
 
 
 def decode_reward_event(rec: KafkaRecord) -> dict[str, Any]:

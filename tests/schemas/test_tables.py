@@ -165,7 +165,7 @@ def test_schemas_imports_nothing_of_ours() -> None:
     import re
 
     root = pathlib.Path(schemas.__file__).parent
-    for path in root.glob("*.py"):
+    for path in root.rglob("*.py"):
         text = path.read_text()
         assert not re.search(r"^\s*(from|import)\s+(agentlake|collectors|pipelines|trainer)\b", text, re.M), path
 
