@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from schemas import local_store, topics
 from schemas.errors import ConfigError
+from schemas.tables import TRAINABLE_TABLE_PATTERN
 
 ENV_PREFIX = "AGENTLAKE_"
 CONFIG_FILE_ENV = "AGENTLAKE_CONFIG"
@@ -423,7 +424,7 @@ class TrainerSettings(_Section):
     # The tenants whose transitions this policy trains on (collector.auth_tokens names them); empty: all.
     tenants: list[str] = Field(default_factory=list)
     # The table rounds read: `transitions`, or a credit variant `transitions__<name>` (agentlake transitions rebuild).
-    table: str = Field("transitions", pattern=r"^transitions(__[a-z0-9]+(_[a-z0-9]+)*)?$")
+    table: str = Field("transitions", pattern=TRAINABLE_TABLE_PATTERN)
 
 
 class CreditSettings(_Section):

@@ -360,8 +360,10 @@ CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
 # It has its base table's schema, partitioning and properties; the incremental pipeline never writes it.
 VARIANT_SEPARATOR = "__"
 VARIANT_BASES = ("transitions",)  # the tables that may have variants
-_VARIANT_NAME = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
 VARIANT_NAME_MAX = 48
+_VARIANT_NAME = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+# The tables a trainer may read: `transitions` or one of its variants (`trainer.table`).
+TRAINABLE_TABLE_PATTERN = rf"^transitions({VARIANT_SEPARATOR}{_VARIANT_NAME.pattern})?$"
 # Delta commit metadata of `transitions` and its variants: the CreditSettings (JSON) a commit's rows were built with.
 CREDIT_METADATA_KEY = "agentlake.credit"
 

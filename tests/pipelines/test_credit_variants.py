@@ -192,6 +192,22 @@ def test_a_version_trained_on_a_variant_names_it_and_its_credit_settings(lake: L
     assert count_pending(cfg.replace(table="transitions")) == (8, lake.version("transitions"))
 
 
+def test_trainer_table_setting_points_rounds_at_a_variant(lake: Lake, tmp_path: Path) -> None:
+    from schemas.config import load_settings
+    from schemas.errors import ConfigError
+    from trainer.config import config_from_settings
+
+    res = rebuild_variant(lake, DISCOUNTED_RLOO, name="disc09", now=NOW)
+    config = tmp_path / "agentlake.toml"
+    body = f'[lake]\nroot = "{lake.root}"\n[state]\ndir = "{tmp_path / "state"}"\n[trainer]\nmin_new_transitions = 1\n'
+    config.write_text(body + 'table = "transitions__disc09"\n')
+    cfg = config_from_settings(load_settings(str(config)))
+    assert cfg.table == res.table and count_pending(cfg) == (8, res.version)
+    config.write_text(body + 'table = "spans"\n')
+    with pytest.raises(ConfigError, match="table"):
+        load_settings(str(config))
+
+
 def test_the_cli_rebuilds_a_variant_and_shows_its_settings(lake: Lake, tmp_path: Path) -> None:
     config = tmp_path / "agentlake.toml"
     config.write_text(f'[lake]\nroot = "{lake.root}"\n[state]\ndir = "{tmp_path / "state"}"\n')
