@@ -169,7 +169,8 @@ def train(
     """Run ``cfg.epochs`` over ``rows`` (a transitions table) and return the trained policy.
 
     ``current_version`` is the registry version the weights are (None: the base model); rows whose
-    ``policy_version`` is another one are corrected as stale when ``cfg.tis_cap`` is set.
+    ``policy_version`` is another one are corrected as stale when ``cfg.tis_cap`` is set (the clipped
+    losses; REINFORCE has no behaviour ratio to correct).
     """
     # --- setup ------------------------------------------------------------------------------
     random.seed(cfg.seed)
@@ -202,14 +203,15 @@ def train(
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
     # Stale rows: the policy at the start of the round is their proximal policy (trainer.losses).
-    if tis_enabled(cfg.tis_cap):
+    tis_cap = cfg.tis_cap if cfg.algorithm != "reinforce" else None
+    if tis_enabled(tis_cap):
         stale = [ex for ex in examples if not is_on_policy(ex.policy_version, current_version)]
         if stale:
             proximal_logprobs(model, stale, batch_size=cfg.batch_size, pad_id=pad_id, device=device, autocast=autocast)
             log.info(
-                "%d of %d transitions are off-policy: weighted by TIS (cap %g)", len(stale), len(examples), cfg.tis_cap
+                "%d of %d transitions are off-policy: weighted by TIS (cap %g)", len(stale), len(examples), tis_cap
             )
-    offpolicy = source_stats(examples, current_version=current_version, tis_cap=cfg.tis_cap)
+    offpolicy = source_stats(examples, current_version=current_version, tis_cap=tis_cap)
 
     # --- optimizer --------------------------------------------------------------------------
     params = [p for p in model.parameters() if p.requires_grad]
