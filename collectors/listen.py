@@ -7,9 +7,11 @@ SIGTERM/SIGINT for the whole process, so uvicorn must not install handlers of it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -35,3 +37,39 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+class HttpListener:
+    """An ASGI app served by uvicorn on ``host:port`` until ``stop``: the one way our servers start and stop.
+
+    ``start`` returns once uvicorn accepts connections (or raises what stopped it), so a caller can
+    announce the port; ``stop`` lets in-flight requests finish, up to ``graceful_s``.
+    """
+
+    def __init__(self, app: Any, host: str, port: int, *, tls: dict[str, Any], graceful_s: int) -> None:
+        self.sock = bind(host, port)
+        self.port: int = self.sock.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=graceful_s,
+            server_header=False,
+            **tls,
+        )
+        self._server = QuietServer(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve(sockets=[self.sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._server.should_exit = True
+            await self._task
+            self._task = None

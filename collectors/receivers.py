@@ -15,12 +15,10 @@ import logging
 import time
 from typing import Any
 
-import uvicorn
-
 from collectors.errors import CollectorError
 from collectors.intake import Collector
 from collectors.kafka_sink import KafkaSink, kafka_ping
-from collectors.listen import QuietServer, bind
+from collectors.listen import HttpListener
 from collectors.otlp_grpc import create_server
 from collectors.otlp_http import create_app
 from collectors.sink import RecordSink
@@ -46,8 +44,7 @@ class CollectorServer:
         self.collector = Collector(sink, settings.collector, settings.kafka)
         self.http_port = 0
         self.grpc_port = 0
-        self._http: QuietServer | None = None
-        self._http_task: asyncio.Task[None] | None = None
+        self._http: HttpListener | None = None
         self._grpc: Any = None
         self._connect_task: asyncio.Task[None] | None = None
         self._health_cache: tuple[float, bool] = (0.0, False)
@@ -115,23 +112,11 @@ class CollectorServer:
         else:
             self.grpc_port = self._grpc.add_secure_port(address, credentials)
         await self._grpc.start()
-        sock = bind(cfg.host, cfg.http_port)
-        self.http_port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            create_app(self.collector, self.health),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=15,
-            server_header=False,
-            **tls,
+        self._http = HttpListener(
+            create_app(self.collector, self.health), cfg.host, cfg.http_port, tls=tls, graceful_s=15
         )
-        self._http = QuietServer(config)
-        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
-        while not self._http.started:
-            if self._http_task.done():
-                self._http_task.result()
-            await asyncio.sleep(0.01)
+        self.http_port = self._http.port
+        await self._http.start()
         log.info(
             "collector listening: OTLP/HTTP%s %s:%d, OTLP/gRPC%s %s:%d",
             "S" if tls else "",
@@ -146,9 +131,8 @@ class CollectorServer:
         """Stop accepting, let in-flight requests finish, then flush and close the producer."""
         if self._connect_task is not None:
             self._connect_task.cancel()
-        if self._http is not None and self._http_task is not None:
-            self._http.should_exit = True
-            await self._http_task
+        if self._http is not None:
+            await self._http.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace=10)
         if isinstance(self.sink, KafkaSink):

@@ -13,14 +13,13 @@ import logging
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from collectors.errors import CollectorError
 from collectors.gateway.proxy import Gateway
 from collectors.gateway.routes import create_app
 from collectors.gateway.spill import SpillSink
 from collectors.kafka_sink import KafkaSink
-from collectors.listen import QuietServer, bind
+from collectors.listen import HttpListener
 from collectors.sink import RecordSink
 from collectors.tls import uvicorn_tls
 from schemas.config import Settings
@@ -54,8 +53,7 @@ class GatewayServer:
         self.spill = SpillSink(sink, spill_dir(settings), max_bytes=settings.gateway.spill_max_bytes)
         self.gateway = Gateway(settings, self.spill, client=client)
         self.port = 0
-        self._server: QuietServer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._listener: HttpListener | None = None
         self._connect: asyncio.Task[None] | None = None
 
     async def _connect_sink(self) -> None:
@@ -76,23 +74,11 @@ class GatewayServer:
         self.spill.start()  # takes the spill folder (one gateway each), resends what it holds
         if isinstance(self.sink, KafkaSink):
             self._connect = asyncio.create_task(self._connect_sink())
-        sock = bind(g.host, g.port)
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            create_app(self.gateway),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=int(min(g.request_timeout_s, 60)),
-            server_header=False,
-            **tls,
+        self._listener = HttpListener(
+            create_app(self.gateway), g.host, g.port, tls=tls, graceful_s=int(min(g.request_timeout_s, 60))
         )
-        self._server = QuietServer(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
+        self.port = self._listener.port
+        await self._listener.start()
         log.info(
             "gateway listening on %s://%s:%d -> %s (%s)",
             "https" if tls else "http",
@@ -113,9 +99,8 @@ class GatewayServer:
 
         What Kafka does not take stays in the spill for the next start.
         """
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            await self._task
+        if self._listener is not None:
+            await self._listener.stop()
         await self.gateway.close()
         await self.spill.close(timeout_s=10.0)
         if self._connect is not None:
