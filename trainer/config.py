@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from schemas.config import Settings
+from schemas.errors import LakeError
 from schemas.lake import Lake
 from schemas.storage import without_secrets
 from schemas.uris import is_local, local_path
@@ -128,7 +129,10 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
             f"trainer.lora_rank ({t.lora_rank}) is above vllm.max_lora_rank ({settings.vllm.max_lora_rank}); "
             "vLLM would refuse the adapter: lower one or raise the other"
         )
-    lake = Lake.from_settings(settings)  # a clear error when it is the local store and that is stopped
+    try:
+        lake = Lake.from_settings(settings)
+    except LakeError as exc:  # the local store is stopped: the trainer's own error, saying so
+        raise TrainerError(str(exc)) from exc
     values: dict[str, Any] = dict(
         lake_root=lake.root,
         storage_options=dict(lake.storage_options),
