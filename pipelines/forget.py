@@ -20,7 +20,7 @@ import getpass
 import json
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import polars as pl
@@ -30,7 +30,7 @@ from deltalake import CommitProperties
 from schemas import topics
 from schemas.errors import AgentlakeError
 from schemas.lake import Lake, in_list, sql_string
-from schemas.tables import DELETIONS
+from schemas.tables import DELETIONS, base_table, transitions_variant
 
 # Tables a deletion reaches: every table that holds a tenant's data or ids of its rollouts.
 # `model_versions` holds none; `deletions` is the record of deletions and is never deleted from.
@@ -86,7 +86,7 @@ class Selector:
             raise ValueError("retention needs a cutoff")
         if self.before is not None and self.before.tzinfo is None:
             raise ValueError("the cutoff must carry a time zone")
-        unknown = set(self.tables) - set(FORGET_TABLES)
+        unknown = {t for t in self.tables if base_table(t) not in FORGET_TABLES}
         if unknown:
             raise ValueError(f"cannot delete from {', '.join(sorted(unknown))}")
 
@@ -266,7 +266,7 @@ def _forget_conds(sel: Selector, frames: Mapping[str, pl.LazyFrame], scope: _Sco
 
     def timed(name: str) -> Cond:
         frame = frames[name]
-        column = TIME_COLUMNS[name]
+        column = TIME_COLUMNS[base_table(name) or name]
         return NONE if sel.before is None else _older(column, sel.before, _dtype(frame, column))
 
     conds: dict[str, Cond] = {}
@@ -279,6 +279,9 @@ def _forget_conds(sel: Selector, frames: Mapping[str, pl.LazyFrame], scope: _Sco
         conds["rewards"] = mine & (r | tr | resp | (timed("rewards") if "rewards" in frames else NONE))
         conds["trajectories"] = mine & r
         conds["transitions"] = mine & r
+    for name in sel.tables:  # a credit variant holds the same rows as `transitions`
+        if name != "transitions" and base_table(name) == "transitions":
+            conds[name] = conds["transitions"]
     lineage = scope.rollouts - _held_by_others(frames, sel.tenant, scope.rollouts)
     conds["training_lineage"] = _in("rollout_id", lineage)
     return conds
@@ -313,7 +316,8 @@ def plan(sel: Selector, frames: Mapping[str, pl.LazyFrame]) -> Plan:
         assert sel.before is not None
         for name in sel.tables:
             if name in frames:
-                conds[name] = _older(TIME_COLUMNS[name], sel.before, _dtype(frames[name], TIME_COLUMNS[name]))
+                column = TIME_COLUMNS[base_table(name) or name]
+                conds[name] = _older(column, sel.before, _dtype(frames[name], column))
     else:
         scope = _scope(sel, frames)
         conds = _forget_conds(sel, frames, scope)
@@ -353,6 +357,16 @@ class Deletion:
         return sum(t.rows for t in self.tables.values())
 
 
+def with_variants(lake: Lake, sel: Selector) -> Selector:
+    """``sel`` reaching the credit variants of `transitions` too (copies of its rows; pipelines.variants)."""
+    from pipelines.variants import variant_names  # lazy: variants builds on the incremental steps
+
+    if "transitions" not in sel.tables:
+        return sel
+    extra = tuple(t for n in variant_names(lake) if (t := transitions_variant(n)) not in sel.tables)
+    return replace(sel, tables=(*sel.tables, *extra)) if extra else sel
+
+
 def frames_of(lake: Lake, tables: Iterable[str] = FORGET_TABLES) -> dict[str, pl.LazyFrame]:
     """A scan of each of ``tables`` that exists in ``lake``."""
     return {name: scan for name in tables if (scan := lake.scan(name)) is not None}
@@ -376,6 +390,7 @@ def execute(
     written before the vacuum, so a crash in between leaves a recorded deletion (rerun to vacuum).
     """
     now = now or dt.datetime.now(dt.UTC)
+    sel = with_variants(lake, sel)
     did = uuid.uuid4().hex
     first = plan(sel, frames_of(lake, sel.tables))
     out = Deletion(did, sel, first)
@@ -446,8 +461,8 @@ def forget(
     ``UnknownTenantError`` (nothing deleted) when no table holds a row of ``tenant``. ``dry_run``
     returns the plan with nothing deleted or recorded.
     """
-    sel = Selector("forget", tenant=tenant, rollout=rollout, before=before)
-    frames = frames_of(lake)
+    sel = with_variants(lake, Selector("forget", tenant=tenant, rollout=rollout, before=before))
+    frames = frames_of(lake, sel.tables)
     if not known_tenant(frames, tenant):
         raise UnknownTenantError(
             f"no table of the lake {lake.root} holds a row of tenant {tenant!r}: nothing was deleted "

@@ -242,3 +242,22 @@ def app_():  # noqa: ANN201 - the typer app, imported where used so collecting t
     from agentlake.cli import app
 
     return app
+
+
+def test_forget_and_retention_reach_the_variants_of_transitions(lake: Lake) -> None:
+    """A variant is a copy of transition rows: forgetting a rollout or a tenant must remove it there too."""
+    import datetime as dt
+
+    from pipelines.forget import forget
+    from pipelines.retention import apply_retention
+
+    variant = rebuild_variant(lake, DISCOUNTED_RLOO, name="d09", now=NOW).table
+    assert set(_read(lake, variant)["rollout_id"]) == {"r0", "r1", "r2", "r3"}
+    done = forget(lake, "default", rollout="r1")
+    assert done.tables[variant].rows == 2
+    assert "r1" not in set(_read(lake, variant)["rollout_id"]) and "r1" not in set(
+        _read(lake, "transitions")["rollout_id"]
+    )
+    # retention on `transitions` takes its variants along (rows created "now" are all past a 0-day cutoff later)
+    apply_retention(lake, {"transitions": 0}, now=dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    assert _read(lake, variant).height == 0 and _read(lake, "transitions").height == 0
