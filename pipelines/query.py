@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute is used below
 
 from schemas.lake import Lake, sql_string
-from schemas.tables import TABLES
+from schemas.tables import TABLES, transitions_variant
 
 QUERY_TABLES = tuple(TABLES)  # one view per table of schemas.tables (training_lineage included)
 
@@ -130,7 +130,16 @@ def connect(lake: Lake) -> duckdb.DuckDBPyConnection:
         else:
             con.register(f"_{name}_empty", TABLES[name].empty_table())
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
+    for name in _variant_tables(lake):
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM delta_scan({sql_string(lake.uri(name))})")
     return con
+
+
+def _variant_tables(lake: Lake) -> list[str]:
+    """The credit variants built in ``lake`` (``transitions__<name>``): queryable and listed like the rest."""
+    from pipelines.variants import variant_names  # lazy: variants builds on the incremental steps
+
+    return [transitions_variant(n) for n in variant_names(lake)]
 
 
 def run_query(lake: Lake, sql: str) -> pa.Table:
@@ -154,7 +163,7 @@ class TableInfo:
 def list_tables(lake: Lake) -> list[TableInfo]:
     """Each table with its row count (from the Delta log's file statistics) and version."""
     out = []
-    for name in QUERY_TABLES:
+    for name in (*QUERY_TABLES, *_variant_tables(lake)):
         dt = lake.table(name)
         if dt is None:
             out.append(TableInfo(name, 0, None, 0, lake.uri(name)))

@@ -261,3 +261,12 @@ def test_forget_and_retention_reach_the_variants_of_transitions(lake: Lake) -> N
     # retention on `transitions` takes its variants along (rows created "now" are all past a 0-day cutoff later)
     apply_retention(lake, {"transitions": 0}, now=dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
     assert _read(lake, variant).height == 0 and _read(lake, "transitions").height == 0
+
+
+def test_a_variant_is_a_view_in_duckdb_and_listed_with_the_tables(lake: Lake) -> None:
+    from pipelines.query import list_tables, run_query
+
+    variant = rebuild_variant(lake, DISCOUNTED_RLOO, name="d09", now=NOW).table
+    rows = run_query(lake, f"SELECT count(*) AS n FROM {variant}").to_pylist()
+    assert rows == [{"n": _read(lake, variant).height}] and rows[0]["n"] > 0
+    assert {t.name: t.rows for t in list_tables(lake)}[variant] == rows[0]["n"]
