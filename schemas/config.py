@@ -442,6 +442,11 @@ class CreditSettings(_Section):
     # that comes later replaces it).
     reward_horizon_s: float | None = Field(None, ge=0)
     missing_reward: Literal["drop"] | float = "drop"
+    # Lake-side reward functions (``agentlake.reward_fn``): the modules that define them, imported by the
+    # `reward_functions` asset; and which reward name drives ``final_reward`` (None: the one named
+    # "primary", else the first), e.g. "exact_answer" to train on what such a function scores.
+    reward_modules: list[str] = Field(default_factory=list)
+    reward: str | None = None
 
 
 # Detectors pipelines.redact knows by name; `redaction.patterns` adds named regexes of a deployment's own.
