@@ -194,6 +194,20 @@ class KafkaSink:
         """The librdkafka properties every producer of this sink is made with (callbacks aside)."""
         return dict(self._config)
 
+    async def connect_until_up(self, topics: Sequence[str], attempt_timeout_s: float = 10.0) -> None:
+        """``connect`` again every second until the broker answers (a server keeps serving meanwhile).
+
+        Attempts are short, so a server stopped while Kafka is away need not wait for a long one to give up.
+        """
+        while True:
+            try:
+                await asyncio.to_thread(self.connect, topics, attempt_timeout_s)
+                log.info("connected to Kafka at %s", self.bootstrap)
+                return
+            except CollectorError as exc:
+                log.warning("%s; retrying in 1s", exc)
+                await asyncio.sleep(1.0)
+
     def connect(self, topics: Sequence[str] = (), timeout_s: float = 10.0) -> None:
         """Create the producer and fetch metadata of ``topics`` (blocking; run it in a thread).
 

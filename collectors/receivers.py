@@ -86,25 +86,14 @@ class CollectorServer:
             self._health_cache = (time.monotonic(), ok)
         return None if ok else f"Kafka at {self.sink.bootstrap} does not answer"
 
-    async def _connect(self) -> None:
-        assert isinstance(self.sink, KafkaSink)
-        topics = (self.settings.kafka.spans_topic, self.settings.kafka.rewards_topic)
-        while True:
-            try:
-                await asyncio.to_thread(self.sink.connect, topics)
-                log.info("connected to Kafka at %s", self.sink.bootstrap)
-                return
-            except CollectorError as exc:
-                log.warning("%s; retrying in 1s", exc)
-                await asyncio.sleep(1.0)
-
     async def start(self) -> None:
         """Connect (in the background) and start listening on both ports."""
         cfg = self.settings.collector
         tls = uvicorn_tls(cfg)  # checks the TLS files first: a missing one fails before anything listens
         credentials = grpc_credentials(cfg)
         if isinstance(self.sink, KafkaSink):
-            self._connect_task = asyncio.create_task(self._connect())
+            topics = (self.settings.kafka.spans_topic, self.settings.kafka.rewards_topic)
+            self._connect_task = asyncio.create_task(self.sink.connect_until_up(topics))
         self._grpc = create_server(self.collector, self.health)
         address = f"{cfg.host}:{cfg.grpc_port}"
         if credentials is None:

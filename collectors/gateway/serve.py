@@ -56,24 +56,13 @@ class GatewayServer:
         self._listener: HttpListener | None = None
         self._connect: asyncio.Task[None] | None = None
 
-    async def _connect_sink(self) -> None:
-        assert isinstance(self.sink, KafkaSink)
-        while True:
-            try:
-                # Short attempts (retried every second): with Kafka away, a stop need not wait for a
-                # long one to give up; the calls wait in the spill meanwhile.
-                await asyncio.to_thread(self.sink.connect, (self.settings.kafka.spans_topic,), 5.0)
-                return
-            except CollectorError as exc:
-                log.warning("%s; retrying in 1s", exc)
-                await asyncio.sleep(1.0)
-
     async def start(self) -> None:
         g = self.settings.gateway
         tls = uvicorn_tls(g)  # checks the TLS files before anything starts
         self.spill.start()  # takes the spill folder (one gateway each), resends what it holds
         if isinstance(self.sink, KafkaSink):
-            self._connect = asyncio.create_task(self._connect_sink())
+            # the calls wait in the spill while Kafka is away
+            self._connect = asyncio.create_task(self.sink.connect_until_up((self.settings.kafka.spans_topic,), 5.0))
         self._listener = HttpListener(
             create_app(self.gateway), g.host, g.port, tls=tls, graceful_s=int(min(g.request_timeout_s, 60))
         )
