@@ -12,7 +12,7 @@ Importing this package never imports torch, vLLM or Dagster.
 """
 
 from agentlake._sdk.openai import instrument_openai, uninstrument_openai
-from agentlake._sdk.reward_fns import RewardFn, Trajectory, load_reward_fns, reward_fn
+from agentlake._sdk.reward_fns import RewardFn, Trajectory, reward_fn
 from agentlake._sdk.setup import init
 from agentlake._sdk.tracing import (
     Rollout,
@@ -35,7 +35,6 @@ __all__ = [
     "flush",
     "init",
     "instrument_openai",
-    "load_reward_fns",
     "reward",
     "reward_fn",
     "rollout",

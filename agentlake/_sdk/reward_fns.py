@@ -2,9 +2,9 @@
 
 Unlike ``agentlake.reward`` (which an agent calls while it runs, and which emits a span), these run
 in the pipeline, after the fact, over what the lake recorded: the `reward_functions` asset imports
-the modules named in ``[credit] reward_modules`` and scores every finished trajectory with each
-function found there. The name and version are the reward's identity in `rewards` (source
-``fn:<name>@<version>``): bump the version when the function's meaning changes and every
+the modules named in ``[credit] reward_modules`` (`pipelines/reward_functions.py`) and scores
+every finished trajectory with each function found there. The name and version are the reward's
+identity in `rewards` (source ``fn:<name>@<version>``): bump the version when the function's meaning changes and every
 trajectory is scored again; keep it and only new trajectories are.
 
     from agentlake import Trajectory, reward_fn
@@ -19,10 +19,9 @@ Importing this module imports nothing heavy (no Polars, no Dagster).
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +121,10 @@ class RewardFn:
     def __call__(self, trajectory: Trajectory) -> float | None:
         return self.fn(trajectory)
 
+    def score(self, row: Mapping[str, Any]) -> float | None:
+        """Score one `trajectories` row (what the pipeline calls: it does not import this package)."""
+        return self.fn(Trajectory.from_row(row))
+
 
 def reward_fn(*, name: str, version: str = "1") -> Callable[[RewardCallable], RewardFn]:
     """Declare a lake-side reward function ``(Trajectory) -> float | None`` (None: no reward)."""
@@ -133,23 +136,3 @@ def reward_fn(*, name: str, version: str = "1") -> Callable[[RewardCallable], Re
         return RewardFn(name=name, version=version, fn=fn)
 
     return wrap
-
-
-def load_reward_fns(modules: Iterable[str]) -> list[RewardFn]:
-    """Import ``modules`` and return the reward functions they define, by name.
-
-    Two functions of one name (in one module or two) are an error: which one scores would be a guess.
-    """
-    found: dict[str, RewardFn] = {}
-    for module_name in modules:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise SdkError(f"reward modules: cannot import {module_name!r} ({exc}); is it on the path?") from exc
-        for value in vars(module).values():
-            if isinstance(value, RewardFn):
-                other = found.get(value.name)
-                if other is not None and other is not value:
-                    raise SdkError(f"reward_fn {value.name!r} is defined twice; give one of them another name")
-                found[value.name] = value
-    return [found[n] for n in sorted(found)]

@@ -3,12 +3,24 @@
 from pipelines.assets.bronze import rewards, spans
 from pipelines.assets.gold import transitions
 from pipelines.assets.policy import policy
+from pipelines.assets.reward_functions import reward_functions
 from pipelines.assets.silver import trajectories
 
 BRONZE = "bronze"
 SILVER = "silver"
 GOLD = "gold"
 
-all_assets = [spans, rewards, trajectories, transitions, policy]
+all_assets = [spans, rewards, trajectories, reward_functions, transitions, policy]
 
-__all__ = ["BRONZE", "GOLD", "SILVER", "all_assets", "policy", "rewards", "spans", "trajectories", "transitions"]
+__all__ = [
+    "BRONZE",
+    "GOLD",
+    "SILVER",
+    "all_assets",
+    "policy",
+    "reward_functions",
+    "rewards",
+    "spans",
+    "trajectories",
+    "transitions",
+]

@@ -1,0 +1,36 @@
+"""Silver asset: the reward functions named in settings, scored over trajectories into `rewards`."""
+
+import time
+
+from dagster import AssetExecutionContext, AutomationCondition, Config, MaterializeResult, asset
+
+from pipelines.assets.silver import trajectories
+from pipelines.resources import CreditResource, LakeResource
+from pipelines.reward_functions import load, score_trajectories
+
+
+class RewardFunctionsConfig(Config):
+    """``backfill``: score every finished trajectory again, not only those no version has scored."""
+
+    backfill: bool = False
+
+
+@asset(
+    group_name="silver",
+    deps=[trajectories],
+    automation_condition=AutomationCondition.eager() & AutomationCondition.all_deps_blocking_checks_passed(),
+    description="Scores of the `[credit] reward_modules` functions (source fn:<name>@<version>) in `rewards`, "
+    "attached to their trajectories.",
+)
+def reward_functions(
+    context: AssetExecutionContext, config: RewardFunctionsConfig, lake: LakeResource, credit: CreditResource
+) -> MaterializeResult:
+    t0 = time.perf_counter()
+    settings = credit.settings()
+    fns = load(settings.reward_modules)
+    res = score_trajectories(lake.lake(), fns, chosen=settings.reward, backfill=config.backfill)
+    context.log.info(f"reward functions: {res.scored} scored, {res.rollouts_updated} rollouts updated")
+    meta = res.metadata()
+    meta["functions"] = ", ".join(f"{f.name}@{f.version}" for f in fns)
+    meta["seconds"] = round(time.perf_counter() - t0, 3)
+    return MaterializeResult(metadata=meta)

@@ -1,0 +1,280 @@
+"""Reward functions over trajectories (``agentlake.reward_fn``) to `rewards` rows, and back into `trajectories`.
+
+Each function is scored at most once per trajectory row as it stands: per function (its source
+``fn:<name>@<version>``) the step keeps a watermark, the newest ``updated_at`` of `trajectories` it
+has scored through, as a Delta app transaction of `trajectories`. A new version has none, so it
+scores every finished trajectory once; an unchanged one scores only rows re-assembled since. A
+``backfill`` ignores the watermarks and scores everything again; rows come out the same (the
+reward id is a hash of tenant, rollout, attempt, name and version), and only differences are written.
+
+The scores are written to `rewards` and attached to the rows of `trajectories` they belong to (their
+``rewards`` list and, when ``[credit] reward`` names them, ``final_reward``) in a commit stamped after
+every earlier one, so the transitions step rebuilds the affected groups. The rows this step wrote
+itself are not scored again: their stamp is kept beside each watermark.
+
+This package does not import ``agentlake`` (it sits above us): a reward function is anything with a
+``name``, a ``version`` and a ``score(row)`` method, which ``agentlake.reward_fn`` builds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import polars as pl
+
+from pipelines import keys
+from pipelines.trajectories import TERMINAL
+from schemas import attributes as A
+from schemas.errors import LakeError
+from schemas.lake import Lake, in_list
+from schemas.tables import REWARDS, TRAJECTORIES
+
+_FN_PREFIX = "fn:"
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """What ``agentlake.reward_fn`` builds: an identity and a score of one `trajectories` row."""
+
+    name: str
+    version: str
+
+    def score(self, row: Mapping[str, Any]) -> float | None: ...
+
+
+class RewardFunctionError(LakeError):
+    """A reward module or function that cannot be used as it is."""
+
+
+def source_of(fn: RewardFunction) -> str:
+    return f"{_FN_PREFIX}{fn.name}@{fn.version}"
+
+
+def load(modules: Iterable[str]) -> list[RewardFunction]:
+    """The reward functions ``modules`` define, by name; two of one name are an error."""
+    found: dict[str, RewardFunction] = {}
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise RewardFunctionError(
+                f"[credit] reward_modules: cannot import {module_name!r} ({exc}); is it installed or on PYTHONPATH?"
+            ) from exc
+        for value in vars(module).values():
+            if isinstance(value, RewardFunction) and not isinstance(value, type):
+                other = found.get(value.name)
+                if other is not None and other is not value:
+                    raise RewardFunctionError(f"reward function {value.name!r} is defined twice; rename one")
+                found[value.name] = value
+    return [found[n] for n in sorted(found)]
+
+
+def reward_id(tenant: str, rollout_id: str, attempt_id: str | None, source: str) -> str:
+    """The same id for the same (attempt, function version): a rerun replaces, never duplicates."""
+    text = "\x1f".join([tenant, rollout_id, attempt_id or "", source])
+    return source + ":" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def scored_rewards(traj: pl.DataFrame, fns: Iterable[RewardFunction]) -> tuple[pl.DataFrame, list[str]]:
+    """`rewards` rows of each function over each row of ``traj``, and every id that was scored.
+
+    A function's None is no reward (its id is among the scored ones, so an earlier value is removed).
+    """
+    rows: list[dict[str, Any]] = []
+    ids: list[str] = []
+    records = traj.to_dicts()
+    for fn in fns:
+        source = source_of(fn)
+        for row in records:
+            rid = reward_id(row["tenant"], row["rollout_id"], row["attempt_id"], source)
+            ids.append(rid)
+            value = fn.score(row)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise RewardFunctionError(
+                    f"reward function {fn.name}@{fn.version} returned {value!r} for rollout {row['rollout_id']!r}"
+                    f" (tenant {row['tenant']!r}); return a finite number or None"
+                )
+            rows.append(
+                {
+                    "reward_id": rid,
+                    "source": source,
+                    "tenant": row["tenant"],
+                    "rollout_id": row["rollout_id"],
+                    "attempt_id": row["attempt_id"],
+                    "trace_id": (row["trace_ids"] or [None])[0],
+                    "name": fn.name,
+                    "value": float(value),
+                    "event_time": row["end_time"] or row["start_time"],
+                    "day": row["day"],
+                }
+            )
+    empty = pl.from_arrow(REWARDS.empty_table())
+    assert isinstance(empty, pl.DataFrame)
+    out = pl.DataFrame(rows, schema={k: empty.schema[k] for k in rows[0]}) if rows else empty
+    return pl.concat([empty, out], how="diagonal").select(empty.columns), ids
+
+
+def final_reward(entries: list[dict[str, Any]], chosen: str | None) -> float | None:
+    """The reward named ``chosen`` (the last one), else `assemble`'s rule: the last primary, else the first."""
+    for name in (chosen, A.PRIMARY_REWARD_NAME):
+        named = [e["value"] for e in entries if name is not None and e["name"] == name]
+        if named:
+            return named[-1]
+    return entries[0]["value"] if entries else None
+
+
+def attach(traj: pl.DataFrame, fn_rewards: pl.DataFrame, *, chosen: str | None) -> pl.DataFrame:
+    """``traj`` rows with their function rewards replaced by ``fn_rewards`` and ``final_reward`` recomputed."""
+    by_attempt: dict[tuple[str, str, str | None], list[dict[str, Any]]] = {}
+    for r in fn_rewards.sort("reward_id").to_dicts():
+        entry = {k: r[k] for k in ("reward_id", "name", "value", "source", "span_id", "event_time")}
+        by_attempt.setdefault((r["tenant"], r["rollout_id"], r["attempt_id"]), []).append(entry)
+    lists, finals = [], []
+    for row in traj.to_dicts():
+        kept = [e for e in row["rewards"] or [] if not (e["source"] or "").startswith(_FN_PREFIX)]
+        entries = kept + by_attempt.get((row["tenant"], row["rollout_id"], row["attempt_id"]), [])
+        lists.append(entries)
+        finals.append(final_reward(entries, chosen))
+    return traj.with_columns(
+        pl.Series("rewards", lists, dtype=traj.schema["rewards"]),
+        pl.Series("final_reward", finals, dtype=pl.Float64),
+    )
+
+
+def _mark_app(source: str) -> str:
+    return f"reward_fn:{source}"
+
+
+def _own_app(source: str) -> str:
+    return f"reward_fn:{source}:own"
+
+
+def _us(t: dt.datetime) -> int:
+    return int(t.timestamp() * 1_000_000)
+
+
+@dataclass
+class ScoreResult:
+    scored: dict[str, int] = field(default_factory=dict)  # source -> trajectory rows scored
+    rewards_written: int = 0
+    rewards_removed: int = 0
+    rollouts_updated: int = 0
+    version: int | None = None
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "scored": sum(self.scored.values()),
+            "rewards_written": self.rewards_written,
+            "rewards_removed": self.rewards_removed,
+            "rollouts_updated": self.rollouts_updated,
+            "delta_version": self.version or 0,
+        }
+
+
+def score_trajectories(
+    lake: Lake,
+    fns: list[RewardFunction],
+    *,
+    chosen: str | None = None,
+    backfill: bool = False,
+    now: dt.datetime | None = None,
+) -> ScoreResult:
+    """Score the finished trajectories each function has not scored yet (all with ``backfill``)."""
+    res = ScoreResult()
+    traj_dt = lake.pin("trajectories") if lake.table("trajectories") is not None else None
+    if traj_dt is None or not fns:
+        return res
+    sources = [source_of(f) for f in fns]
+    marks = {s: None if backfill else traj_dt.transaction_version(_mark_app(s)) for s in sources}
+    owns = {s: traj_dt.transaction_version(_own_app(s)) for s in sources}
+    snapshot = pl.scan_delta(traj_dt)
+    newest = snapshot.select(pl.col("updated_at").max()).collect().item()
+    if newest is None:
+        return res
+    done = pl.col("status").is_in(TERMINAL)
+
+    def wanted(s: str) -> pl.Expr:
+        us = pl.col("updated_at").dt.epoch("us")
+        cond = done if marks[s] is None else done & (us > marks[s])
+        return cond if owns[s] is None or marks[s] is None else cond & (us != owns[s])
+
+    candidates = snapshot.filter(pl.any_horizontal(*(wanted(s) for s in sources))).collect()
+    if candidates.is_empty():
+        return res
+    new_rows, ids = [], []
+    for fn, s in zip(fns, sources, strict=True):
+        subset = candidates.filter(wanted(s))
+        res.scored[s] = subset.height
+        rows, scored_ids = scored_rewards(subset, [fn])
+        new_rows.append(rows)
+        ids += scored_ids
+    fresh = pl.concat(new_rows)
+    _write_rewards(lake, fresh, ids, res)
+
+    # attach every current function's rewards to the candidate rollouts' rows, and stamp them later
+    rollouts = sorted(set(candidates.select(*keys.ROLLOUT).iter_rows()))
+    current = lake.scan("rewards")
+    assert current is not None  # written above, or scored before
+    attached = keys.keep(
+        current.filter(pl.col("source").is_in(sources) & keys.among(rollouts, "rollout_id")).collect(),
+        rollouts,
+        "rollout_id",
+    )
+    before = keys.keep(snapshot.filter(keys.among(rollouts, "rollout_id")).collect(), rollouts, "rollout_id")
+    after = attach(before, attached, chosen=chosen)
+    changed = _changed_rollouts(before, after)
+    stamp = max(newest + dt.timedelta(microseconds=1), now or dt.datetime.now(dt.UTC))
+    new_marks = {_mark_app(s): _us(newest) for s in sources}
+    rewrite = keys.keep(after, changed, "rollout_id").with_columns(
+        pl.lit(stamp).dt.cast_time_unit("us").dt.replace_time_zone("UTC").alias("updated_at")
+    )
+    if changed:
+        new_marks |= {_own_app(s): _us(stamp) for s in sources}
+    res.version = lake.write(
+        "trajectories",
+        rewrite.to_arrow().cast(TRAJECTORIES) if changed else TRAJECTORIES.empty_table(),
+        mode="overwrite" if changed else "append",
+        predicate=keys.predicate(changed, "rollout_id") if changed else None,
+        snapshot=traj_dt,
+        marks=new_marks,
+    )
+    res.rollouts_updated = len(changed)
+    return res
+
+
+def _write_rewards(lake: Lake, fresh: pl.DataFrame, ids: list[str], res: ScoreResult) -> None:
+    """Replace the scored ids' rows in `rewards` where they differ: new, changed or gone (None now)."""
+    table = lake.scan("rewards")
+    old = pl.DataFrame(schema={"reward_id": pl.String, "value": pl.Float64})
+    if table is not None and ids:
+        old = table.filter(pl.col("reward_id").is_in(ids)).select("reward_id", "value").collect()
+    was = dict(old.iter_rows())
+    now = dict(fresh.select("reward_id", "value").iter_rows())
+    differ = sorted({i for i in now if was.get(i) != now[i]} | {i for i in was if i not in now})
+    if not differ:
+        return
+    rows = fresh.filter(pl.col("reward_id").is_in(differ))
+    lake.write(
+        "rewards",
+        rows.to_arrow(),
+        mode="overwrite" if table is not None else "append",
+        predicate=in_list("reward_id", differ) if table is not None else None,
+    )
+    res.rewards_written = rows.height
+    res.rewards_removed = sum(1 for i in was if i not in now)
+
+
+def _changed_rollouts(before: pl.DataFrame, after: pl.DataFrame) -> list[keys.Key]:
+    """The rollouts any of whose rows got other rewards or another final reward."""
+    cols = [*keys.ATTEMPT, "rewards", "final_reward"]
+    b = before.select(cols).to_dicts()
+    a = after.select(cols).to_dicts()
+    return sorted({(x["tenant"], x["rollout_id"]) for x, y in zip(b, a, strict=True) if x != y})
