@@ -8,21 +8,24 @@ Dagster against the temporary lake, with the user's module imported from a file 
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from dagster import materialize
 
 from pipelines.assets import reward_functions, transitions
-from pipelines.decoding import KafkaRecord, decode_spans
+from pipelines.decoding import KafkaRecord, decode_reward_event, decode_spans
 from pipelines.incremental import update_trajectories
 from pipelines.resources import CreditResource, LakeResource, TokenizerResource
 from pipelines.reward_functions import RewardFunctionError, load, reward_id
 from schemas.lake import Lake
+from schemas.tables import REWARDS
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
 from tests.pipelines.test_identity import KAFKA, NOW
 
@@ -87,6 +90,13 @@ class Lakeside:
             recs.append(KafkaRecord("s", 0, self.offset, None, encode(make_spans(r)), []))
             self.offset += 1
         self.lake.write("spans", decode_spans(recs)[0], txns={"kafka:s:0": recs[-1].offset})
+        update_trajectories(self.lake, KAFKA, idle_timeout_s=1e9, now=NOW)
+
+    def late_event(self, rollout_id: str, name: str, value: float) -> None:
+        """A reward event for a rollout already assembled (Kafka topic "r"), trajectories re-assembled."""
+        body = json.dumps({"rollout_id": rollout_id, "name": name, "value": value}).encode()
+        row = decode_reward_event(KafkaRecord("r", 0, 0, None, body, [], timestamp_ms=1_750_000_100_000))
+        self.lake.write("rewards", pa.Table.from_pylist([row], schema=REWARDS), txns={"kafka:r:0": 0})
         update_trajectories(self.lake, KAFKA, idle_timeout_s=1e9, now=NOW)
 
     def score(self, *modules: str, reward: str | None = None, backfill: bool = False) -> dict[str, Any]:
@@ -214,3 +224,18 @@ def test_a_module_that_cannot_be_imported_is_named(user_modules: Any) -> None:
     with pytest.raises(RewardFunctionError, match="no_such_rewards_module"):
         load(["no_such_rewards_module"])
     assert [f.name for f in load([user_modules()])] == ["calls", "exact_answer"]
+
+
+def test_a_rollout_assembled_again_is_scored_again(tmp_path: Path, user_modules: Any) -> None:
+    side = Lakeside(tmp_path / "lake")
+    side.deliver(("r0", "42", 0.0), ("r1", "41", 1.0))
+    module = user_modules()
+    side.score(module, reward="exact_answer")
+    side.late_event("r0", "late", 0.5)  # the trajectories step rebuilds r0 from spans and events
+    assert side.score(module, reward="exact_answer")["scored"] == 2  # r0, by each function
+    traj = side.table("trajectories")
+    assert by_rollout(traj, "final_reward") == {"r0": 1.0, "r1": 0.0}
+    entries = traj.filter(pl.col("rollout_id") == "r0")["rewards"][0].to_list()
+    assert sorted(e["name"] for e in entries) == ["calls", "exact_answer", "late", "primary"]
+    assert side.fn_rewards().height == 4
+    assert by_rollout(side.table("transitions"), "reward") == {"r0": 1.0, "r1": 0.0}
