@@ -24,7 +24,7 @@ from pipelines.identity import resolve_rollouts
 from pipelines.ingest import app_id
 from pipelines.retokenize import Retokenizer
 from pipelines.trajectories import TERMINAL, assemble, empty_rewards
-from pipelines.transitions import build, expired, final_reward_entry
+from pipelines.transitions import build, expired, known_at
 from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
 from schemas.lake import Lake, unseen_offsets
@@ -331,10 +331,12 @@ def update_transitions(
     if mark is not None:
         changed = traj.filter(pl.col("updated_at") > dt.datetime.fromtimestamp(mark / 1e6, dt.UTC))
     group = pl.coalesce("task_id", "rollout_id").alias("group_id")
-    touched = changed.select("tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us"), _KNOWN_AT).collect()
+    # when each rollout's reward became known: the running baseline's order, which the chunks follow
+    columns = ["tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us"), known_at(credit).alias("_known_at")]
+    touched = changed.select(columns).collect()
     lapsed, expired_until = _lapsed(traj, credit, now, lake.txn("transitions", EXPIRED_UNTIL))
     if lapsed is not None:
-        lapsed = lapsed.select("tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us"), _KNOWN_AT).collect()
+        lapsed = lapsed.select(columns).collect()
         touched_or_lapsed = pl.concat([touched, lapsed]).unique(keys.ROLLOUT, keep="first")
     else:
         touched_or_lapsed = touched
@@ -423,11 +425,6 @@ def update_transitions(
     if rewarded:
         res.extra["reward_mean"] = reward_sum / rewarded
     return res
-
-
-# When a rollout's reward became known (its final reward's time, or its end when later): the order
-# the running baseline counts rollouts in (`pipelines.credit`), used here to order a run's chunks.
-_KNOWN_AT = pl.max_horizontal("end_time", final_reward_entry("event_time")).alias("_known_at")
 
 
 def _lapsed(

@@ -91,15 +91,23 @@ def _with_rewards(kept: pl.DataFrame, credit: CreditSettings, now: dt.datetime, 
     else:
         res.defaulted = kept.filter(missing & gone & (calls > 0)).height
         kept = kept.filter(~missing | gone)
-    horizon = dt.timedelta(seconds=credit.reward_horizon_s or 0)
     return kept.with_columns(
         missing.alias("_default_reward"),
         pl.when(missing).then(pl.lit("default")).otherwise(final_reward_entry("source")).alias("reward_source"),
         pl.col("final_reward").fill_null(0.0 if default == "drop" else float(default)),
-        pl.when(missing)
+        known_at(credit).alias("_order"),
+    )
+
+
+def known_at(credit: CreditSettings) -> pl.Expr:
+    """When a `trajectories` row's final reward became known: the reward's time, or the rollout's end
+    when later; without a reward, when its horizon passed (the default's time). The running baseline
+    counts rollouts in this order (`pipelines.credit`)."""
+    horizon = dt.timedelta(seconds=credit.reward_horizon_s or 0)
+    return (
+        pl.when(pl.col("final_reward").is_null())
         .then(pl.col("end_time") + horizon)
         .otherwise(pl.max_horizontal("end_time", final_reward_entry("event_time")))
-        .alias("_order"),
     )
 
 
