@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,17 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from schemas import local_store, topics
 from schemas.errors import ConfigError
 from schemas.tables import TRAINABLE_TABLE_PATTERN
+
+# A trained agent's name (trainer.agents): it is matched exactly and becomes part of a served model name.
+AGENT_LINE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+
+
+def policy_served_name(served_name: str, agent: str | None) -> str:
+    """The name vLLM serves an agent's policy line under (``agentlake-policy-planner``); None: the single policy.
+
+    One spelling for the trainer, the publisher and the gateway's routing."""
+    return f"{served_name}-{agent}" if agent else served_name
+
 
 ENV_PREFIX = "AGENTLAKE_"
 CONFIG_FILE_ENV = "AGENTLAKE_CONFIG"
@@ -425,6 +437,20 @@ class TrainerSettings(_Section):
     tenants: list[str] = Field(default_factory=list)
     # The table rounds read: `transitions`, or a credit variant `transitions__<name>` (agentlake transitions rebuild).
     table: str = Field("transitions", pattern=TRAINABLE_TABLE_PATTERN)
+    # One policy line per listed agent (trainer.lines): its own versions, trained on that agent's
+    # transitions only, served as `<model.served_name>-<agent>` by the same vLLM (multi-LoRA: give it
+    # `--max-loras` >= the number of lines). Empty: one policy for every agent, as `model.served_name`.
+    agents: list[str] = Field(default_factory=list)
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, v: list[str]) -> list[str]:
+        bad = [a for a in v if not re.fullmatch(AGENT_LINE_PATTERN, a)]
+        if bad:
+            raise ValueError(f"agent names must match {AGENT_LINE_PATTERN} (they become served model names): {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"an agent is listed twice: {v}")
+        return v
 
 
 class CreditSettings(_Section):

@@ -208,7 +208,7 @@ TRANSITIONS = _versioned(
 
 MODEL_VERSIONS = _versioned(
     "model_versions",
-    2,
+    3,
     [
         pa.field("version", pa.string(), nullable=False),  # "v0001", ...
         pa.field("version_number", pa.int64(), nullable=False),
@@ -231,6 +231,9 @@ MODEL_VERSIONS = _versioned(
         # null in rows written before v2 (an older table gains the columns on its next write).
         pa.field("artifact_uri", pa.string()),
         pa.field("manifest_sha256", pa.string()),
+        # v3: the agent whose policy line the version belongs to (`trainer.agents`, served as
+        # `<served_name>-<agent>`); null: the single policy served as `model.served_name`.
+        pa.field("agent", pa.string()),
     ],
 )
 

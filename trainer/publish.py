@@ -21,6 +21,10 @@ Failure: nothing about serving changes (an in-place load that failed is followed
 the serving version's folder), the row becomes ``failed`` with the error, a ``failed`` release
 event goes out, and ``PublishError`` is raised. Rollback re-loads the previous version's folder.
 
+Policy lines (``trainer.lines``): a version of an agent's line (``model_versions.agent``) is loaded
+under that line's name (``agentlake-policy-planner``), compared with, restored to and rolled back to
+within its own line; the other lines' adapters are not touched.
+
 The parts it calls live apart: trainer.vllm_client (the vLLM endpoints), trainer.eval_gate (the
 held-out tasks and their score), trainer.gateway_pause and trainer.releases (the Kafka event).
 """
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.config import KafkaSettings, Settings
+from schemas.config import KafkaSettings, Settings, policy_served_name
 from schemas.lake import Lake
 from trainer.artifacts import local_copy
 from trainer.errors import ArtifactError, PublishError, RegistryError
@@ -62,7 +66,8 @@ class PublishResult:
 
 @dataclass
 class Publisher:
-    """Where versions go: one vLLM, one served name, optional gateway and Kafka."""
+    """Where versions go: one vLLM, one served name (``served_name``, plus ``-<agent>`` for a line's
+    versions), optional gateway and Kafka."""
 
     registry: Registry
     vllm_url: str
@@ -91,22 +96,27 @@ class Publisher:
             **kwargs,
         )
 
+    def name_of(self, row: dict[str, Any]) -> str:
+        """The name a version is served under: its line's."""
+        return policy_served_name(self.served_name, row.get("agent"))
+
     def publish(self, version: str) -> PublishResult:
-        """Make ``version`` the served one, or leave serving as it was and record why not."""
+        """Make ``version`` the served one of its line, or leave serving as it was and record why not."""
         row = self.registry.get(version)
-        serving = self.registry.serving()
+        serving = self.registry.serving(agent=row.get("agent"))
+        name = self.name_of(row)
         client = VllmClient(self.vllm_url, timeout_s=self.timeout_s)
         t0 = time.perf_counter()
         scores: dict[str, float] = {}
         try:
             folder = self.local_folder(row)
             if row["kind"] == "lora":
-                self._check_adapter(client, folder)
+                self._check_adapter(client, folder, name)
                 if self.eval_tasks:
                     scores = self._evaluate(client, row, folder, serving)
                     if scores["candidate"] < scores["serving"]:
                         return self._finish(row, "rejected", t0, serving, scores, error="worse than serving")
-                client.load_lora(self.served_name, folder, inplace=True)
+                client.load_lora(name, folder, inplace=True)
             else:
                 self._publish_full(client, folder)
         except PublishError as exc:
@@ -117,17 +127,23 @@ class Publisher:
             client.close()
         return self._finish(row, "published", t0, serving, scores)
 
-    def rollback(self, to_version: str | None = None) -> PublishResult:
-        """Serve an earlier version again (default: the one published before the serving one)."""
-        current = self.registry.serving()
+    def rollback(self, to_version: str | None = None, *, agent: str | None = None) -> PublishResult:
+        """Serve an earlier version of a line again (default: the one published before the serving one).
+
+        The line is ``to_version``'s when one is named, else ``agent``'s (None: the single policy)."""
+        if to_version is not None:
+            agent = self.registry.get(to_version).get("agent")
+        current = self.registry.serving(agent=agent)
         if current is None:
-            raise RegistryError("nothing is published, so there is nothing to roll back")
+            line = f" in {agent!r}'s policy line" if agent else ""
+            raise RegistryError(f"nothing is published{line}, so there is nothing to roll back")
         if to_version is None:
             earlier = [
                 r
                 for r in self.registry.rows()
                 if r["published_at"] is not None
                 and r["version"] != current["version"]
+                and r["agent"] == agent
                 and r["publish_status"] in ("published", "rolled_back")
                 and r["published_at"] < current["published_at"]
             ]
@@ -140,7 +156,7 @@ class Publisher:
         try:
             folder = self.local_folder(target)
             if target["kind"] == "lora":
-                client.load_lora(self.served_name, folder, inplace=True)
+                client.load_lora(self.name_of(target), folder, inplace=True)
             else:
                 self._publish_full(client, folder)
         except PublishError as exc:
@@ -151,7 +167,7 @@ class Publisher:
         now = dt.datetime.now(dt.UTC)
         self.registry.set_status(current["version"], "rolled_back", error=f"rolled back to {to_version}")
         self.registry.set_status(to_version, "published", published_at=now)
-        err = send_release_event(self.kafka, release_event(current, "rolled_back", served_name=self.served_name))
+        err = send_release_event(self.kafka, release_event(current, "rolled_back", served_name=self.name_of(current)))
         return PublishResult(to_version, "rolled_back", time.perf_counter() - t0, current["version"], event_error=err)
 
     # -- steps ----------------------------------------------------------------------------------
@@ -162,23 +178,23 @@ class Publisher:
         except ArtifactError as exc:
             raise PublishError(str(exc)) from exc
 
-    def _check_adapter(self, client: VllmClient, folder: str) -> None:
+    def _check_adapter(self, client: VllmClient, folder: str, name: str) -> None:
         """Fail early, before vLLM is touched, on a missing folder or a shadowed served name."""
         missing = [f for f in ADAPTER_FILES if not (Path(folder) / f).exists()]
         if missing:
             raise PublishError(f"{folder} lacks {', '.join(missing)}; is it a LoRA checkpoint?")
         for m in client.models():
-            if m.get("id") == self.served_name and not m.get("parent"):
+            if m.get("id") == name and not m.get("parent"):
                 raise PublishError(
-                    f"vLLM serves its base model as {self.served_name!r}, which would shadow an adapter of "
+                    f"vLLM serves its base model as {name!r}, which would shadow an adapter of "
                     "that name; set model.base_served_name (vLLM's --served-model-name) to another name"
                 )
 
     def _evaluate(
         self, client: VllmClient, row: dict[str, Any], folder: str, serving: dict[str, Any] | None
     ) -> dict[str, float]:
-        candidate = f"{self.served_name}-candidate-{row['version']}"
-        baseline = self.served_name if serving is not None else self._base_name(client)
+        candidate = f"{self.name_of(row)}-candidate-{row['version']}"
+        baseline = self.name_of(row) if serving is not None else self._base_name(client)
         client.load_lora(candidate, folder, inplace=True)
         try:
             return {
@@ -221,7 +237,7 @@ class Publisher:
         if row["kind"] != "lora" or serving is None or serving["kind"] != "lora":
             return
         try:
-            client.load_lora(self.served_name, self.local_folder(serving), inplace=True)
+            client.load_lora(self.name_of(serving), self.local_folder(serving), inplace=True)
         except PublishError as exc:
             log.warning("could not re-load serving version %s: %s", serving["version"], exc)
 
@@ -248,7 +264,7 @@ class Publisher:
         )
         err = None
         if status in ("published", "failed"):
-            err = send_release_event(self.kafka, release_event(row, status, served_name=self.served_name, error=error))
+            err = send_release_event(self.kafka, release_event(row, status, served_name=self.name_of(row), error=error))
         return PublishResult(
             row["version"], status, seconds, serving["version"] if serving else None, scores, event_error=err
         )

@@ -15,6 +15,11 @@ The schema grows by nullable columns (v2 added ``artifact_uri`` and ``manifest_s
 evolves an older table's schema (``Lake.insert_new`` merges it, as ``Lake.write`` does), and rows
 read from it carry every current column, None where an old row has none. Every read and write goes
 through the lake layer (``schemas.lake.Lake``), as the pipeline's do.
+
+Policy lines (v3, ``agent``): with ``trainer.agents`` set, each listed agent's versions form a line of
+their own (``trainer.lines``), served under their own name; ``serving`` and ``last_trained`` answer for
+one line (``agent=None``: the single policy, every row of a table written before v3). Version names
+stay one sequence across lines, so a name is still a key and a folder name.
 """
 
 from __future__ import annotations
@@ -72,14 +77,23 @@ class Registry:
         number = (rows[-1]["version_number"] if rows else 0) + 1
         return version_name(number), number
 
-    def serving(self) -> dict[str, Any] | None:
-        """The version vLLM serves now: the most recently published one still marked published."""
-        live = [r for r in self.rows() if r["publish_status"] == "published" and r["published_at"] is not None]
+    def serving(self, agent: str | None = None) -> dict[str, Any] | None:
+        """The version vLLM serves now for ``agent``'s line (None: the single policy): the most recently
+        published one of that line still marked published."""
+        live = [
+            r
+            for r in self.rows()
+            if r["publish_status"] == "published" and r["published_at"] is not None and r["agent"] == agent
+        ]
         return max(live, key=lambda r: r["published_at"]) if live else None
 
-    def last_trained(self, train_table: str | None = None) -> dict[str, Any] | None:
-        """The newest version (any status) trained on ``train_table`` (any spelling of it)."""
-        rows = [r for r in self.rows() if train_table is None or same_location(r["train_table"], train_table)]
+    def last_trained(self, train_table: str | None = None, agent: str | None = None) -> dict[str, Any] | None:
+        """The newest version (any status) of ``agent``'s line trained on ``train_table`` (any spelling of it)."""
+        rows = [
+            r
+            for r in self.rows()
+            if r["agent"] == agent and (train_table is None or same_location(r["train_table"], train_table))
+        ]
         return rows[-1] if rows else None
 
     def lineage(self, version: str) -> list[dict[str, Any]]:
@@ -112,8 +126,9 @@ class Registry:
         metrics: dict[str, Any] | None = None,
         artifact_uri: str | None = None,
         manifest_sha256: str | None = None,
+        agent: str | None = None,
     ) -> dict[str, Any]:
-        """Insert a new version as ``pending``; a version name already taken is an error."""
+        """Insert a new version as ``pending`` in ``agent``'s line; a version name already taken is an error."""
         row = {
             "version": version,
             "version_number": version_number,
@@ -134,6 +149,7 @@ class Registry:
             "published_at": None,
             "artifact_uri": artifact_uri,
             "manifest_sha256": manifest_sha256,
+            "agent": agent,
         }
         # MERGE ... WHEN NOT MATCHED INSERT: two trainers racing for one name cannot both win.
         if self.lake.insert_new(TABLE, pa.Table.from_pylist([row], schema=MODEL_VERSIONS), key="version") != 1:

@@ -14,6 +14,11 @@ Off-policy rows (``trainer.offpolicy``): a row whose policy is more than ``max_s
 behind the version the round trains from is skipped, counted per source version in
 ``model_versions.metrics`` (``offpolicy``), and still recorded in ``training_lineage`` as consumed,
 so it is not read again; the other stale rows are weighted by truncated importance sampling.
+
+Policy lines (``trainer.agents``, ``trainer.lines``): ``line="planner"`` makes the round one of that
+agent's line: it reads only that agent's rows, continues the line's serving version, and registers
+the new version in the line (``model_versions.agent``) under the line's served name. A transition
+belongs to one agent, so lines never take each other's rows.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.config import Settings
+from schemas.config import Settings, policy_served_name
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
@@ -45,6 +50,7 @@ class RoundResult:
 
     version: str | None
     reason: str = ""
+    agent: str | None = None  # the policy line (trainer.agents); None: the single policy
     path: str | None = None
     artifact_uri: str | None = None
     parent_version: str | None = None
@@ -56,13 +62,13 @@ class RoundResult:
     offpolicy: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source version (trainer.offpolicy)
 
 
-def pending_transitions(cfg: TrainConfig, registry: Registry) -> tuple[int, int | None]:
+def pending_transitions(cfg: TrainConfig, registry: Registry, *, line: str | None = None) -> tuple[int, int | None]:
     """(start, end): the table version the last round on this table read at (or ``cfg.version_start``;
     -1: none), and the version to read now (``cfg.version_end`` or the newest; None: no table yet)."""
     if cfg.version_start is not None:
         start = cfg.version_start
     else:
-        last = registry.last_trained(registry.lake.uri(cfg.table))
+        last = registry.last_trained(registry.lake.uri(cfg.table), agent=line)
         start = last["train_version_end"] if last and last["train_version_end"] is not None else -1
     end = cfg.version_end if cfg.version_end is not None else registry.lake.version(cfg.table)
     return start, end
@@ -92,10 +98,10 @@ def read_pending(
     )
 
 
-def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
-    """Whether the last round on this table read version ``end`` with the same filters: then it took
-    every row a round would take now, and nothing needs reading (the sensor's common case)."""
-    last = registry.last_trained(registry.lake.uri(cfg.table))
+def _caught_up(cfg: TrainConfig, registry: Registry, end: int, line: str | None = None) -> bool:
+    """Whether the line's last round on this table read version ``end`` with the same filters: then it
+    took every row a round would take now, and nothing needs reading (the sensor's common case)."""
+    last = registry.last_trained(registry.lake.uri(cfg.table), agent=line)
     if cfg.version_start is not None or last is None or last["train_version_end"] != end:
         return False
     before = json.loads(last["config"] or "{}")
@@ -103,12 +109,22 @@ def _caught_up(cfg: TrainConfig, registry: Registry, end: int) -> bool:
     return before.get("version_start") is None and all(before.get(k, d) == getattr(cfg, k) for k, d in filters.items())
 
 
-def count_pending(cfg: TrainConfig) -> tuple[int, int | None]:
+def for_line(cfg: TrainConfig, line: str | None) -> TrainConfig:
+    """``cfg`` narrowed to ``line``'s agent (its rows only); an agent filter naming another agent is an error."""
+    if line is None:
+        return cfg
+    if cfg.agent not in (None, "", "*", line):
+        raise TrainerError(f"the {line!r} policy line trains on {line!r}'s transitions only, not agent={cfg.agent!r}")
+    return cfg if cfg.agent == line else cfg.replace(agent=line)
+
+
+def count_pending(cfg: TrainConfig, *, line: str | None = None) -> tuple[int, int | None]:
     """(transitions the next round would train on, the table version it would read): the sensor's count."""
+    cfg = for_line(cfg, line)
     lake = cfg.lake()
     registry = Registry(lake)
-    start, end = pending_transitions(cfg, registry)
-    if end is None or (cfg.version_start is not None and end <= start) or _caught_up(cfg, registry, end):
+    start, end = pending_transitions(cfg, registry, line=line)
+    if end is None or (cfg.version_start is not None and end <= start) or _caught_up(cfg, registry, end, line):
         return 0, end
     return read_pending(cfg, start, end, lineage=Lineage(lake), ids_only=True).rows.num_rows, end
 
@@ -129,9 +145,16 @@ def _discard_unregistered(registry: Registry, version: str, path: Path) -> None:
 
 
 def train_once(
-    settings: Settings | None = None, *, cfg: TrainConfig | None = None, force: bool = False, **overrides: Any
+    settings: Settings | None = None,
+    *,
+    cfg: TrainConfig | None = None,
+    force: bool = False,
+    line: str | None = None,
+    **overrides: Any,
 ) -> RoundResult:
-    """Train one new version on the transitions added since the last one; skip when too few."""
+    """Train one new version on the transitions added since the last one; skip when too few.
+
+    ``line``: the agent whose policy line this round trains (``trainer.agents``); None: the single policy."""
     from trainer.train import train  # torch loads here, not at import
 
     if cfg is None:
@@ -140,10 +163,20 @@ def train_once(
         cfg = config_from_settings(settings, **overrides)
     elif overrides:
         cfg = cfg.replace(**overrides)
+    cfg = for_line(cfg, line)
+    if line is not None and cfg.finetune != "lora":
+        raise TrainerError(f"policy lines (trainer.agents) are LoRA adapters over one base; {line!r} is {cfg.finetune}")
+    result = _train_round(cfg, force=force, line=line, train=train)
+    result.agent = line
+    return result
+
+
+def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any) -> RoundResult:
+    """The round itself, for one line (``train``: ``trainer.train.train``, imported by the caller)."""
     lake = cfg.lake()
     registry = Registry(lake)
     lineage = Lineage(lake)
-    start, end = pending_transitions(cfg, registry)
+    start, end = pending_transitions(cfg, registry, line=line)
     if end is None:
         return RoundResult(None, reason=f"no {cfg.table} table under {cfg.lake_root} yet")
     if cfg.version_start is not None and end <= start:
@@ -170,7 +203,7 @@ def train_once(
         )
 
     # Continue the policy that generated the data: the serving version, if it is of our kind.
-    parent = registry.serving()
+    parent = registry.serving(agent=line)
     if parent is not None and parent["kind"] != cfg.finetune:
         log.warning(
             "serving %s is %s, not %s: starting from the base model", parent["version"], parent["kind"], cfg.finetune
@@ -238,7 +271,7 @@ def train_once(
             base_model=cfg.base_model,
             kind=cfg.finetune,
             path=str(path),
-            served_name=cfg.served_name,
+            served_name=policy_served_name(cfg.served_name, line),
             train_table=data.table_uri,
             train_version_start=start,
             train_version_end=end,
@@ -247,6 +280,7 @@ def train_once(
             metrics={**result.summary, **stored.metrics(), "offpolicy": offpolicy},
             artifact_uri=stored.uri,
             manifest_sha256=stored.manifest_sha256,
+            agent=line,
         )
     except Exception:
         _discard_unregistered(registry, version, path)
@@ -259,7 +293,15 @@ def train_once(
             f"{version} is registered but its training lineage was not written ({exc}); "
             f"its {n} transitions count as not trained on and the next round takes them again"
         ) from exc
-    log.info("trained %s on %d transitions (%s at version %d) -> %s", version, n, cfg.table, end, path)
+    log.info(
+        "trained %s%s on %d transitions (%s at version %d) -> %s",
+        version,
+        f" ({line}'s line)" if line else "",
+        n,
+        cfg.table,
+        end,
+        path,
+    )
     return RoundResult(
         version,
         path=str(path),

@@ -35,6 +35,7 @@ from collectors.gateway.recording import (
     StreamedAnswer,
     choice_calls,
     request_call,
+    route_model,
     served_policy,
     upstream_body,
 )
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 ROLLOUT_HEADER = "x-agentlake-rollout-id"
 ATTEMPT_HEADER = "x-agentlake-attempt-id"
 TASK_HEADER = "x-agentlake-task-id"
+# The calling agent's name: recorded on the call's span (agentlake.agent.name) and, when the agent has a
+# policy line of its own (trainer.agents), a call to model.served_name is served by that line's adapter.
+AGENT_HEADER = "x-agentlake-agent"
 _DROP_HEADERS = {
     "host",
     "content-length",
@@ -83,6 +87,8 @@ class Gateway:
                 f"gateway.max_body_bytes ({self.max_body_bytes}) must be at most half of kafka.max_message_bytes "
                 f"({settings.kafka.max_message_bytes}): a call's span holds its whole request and the answer"
             )
+        self.served_name = settings.model.served_name
+        self.lines = list(settings.trainer.agents)  # agents with a policy line of their own
         self.upstreams = [u.rstrip("/") for u in settings.gateway.upstreams]
         if not self.upstreams:
             raise ValueError("gateway.upstreams is empty: name at least one vLLM server URL")
@@ -210,13 +216,19 @@ class Gateway:
             return body
         if not isinstance(body, dict):
             return openai_error(400, "request body must be a JSON object")
+        body, agent = route_model(
+            body, request.headers.get(AGENT_HEADER), served_name=self.served_name, lines=self.lines
+        )
+        ids = self._ids(request)
+        if agent:
+            ids[A.AGENT_NAME] = agent
         upstream = self.upstreams[next(self._next)]
         base = request_call(
             body,
             kind,
             parent=parse_traceparent(request.headers.get("traceparent")),
             upstream=upstream,
-            ids=self._ids(request),
+            ids=ids,
             tenant=tenant,
         )
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"

@@ -9,7 +9,8 @@ first). Spans go to the sink after the response, off the client's latency path.
 
 Kept apart from the HTTP transport (collectors.gateway.proxy and .routes), so each rule is a plain
 function or class over request/response dicts, tested without a server: ``upstream_body``,
-``ClientExtras``, ``StreamedAnswer`` (a stream gathered into the non-streamed shape),
+``ClientExtras``, ``StreamedAnswer`` (a stream gathered into the non-streamed shape), ``route_model`` (which
+agent's policy line serves a call),
 ``request_call`` / ``choice_calls``, ``served_policy``; ``CallRecorder`` hands the calls to the span
 builder (collectors.gateway.spans) and the sink.
 """
@@ -32,6 +33,23 @@ log = logging.getLogger(__name__)
 Kind = Literal["chat", "completions"]
 # (adapter, policy version) of a served model name on one upstream
 PolicyLookup = Callable[[str, str | None], Awaitable[tuple[str | None, str | None]]]
+
+
+def route_model(
+    body: dict[str, Any], agent: str | None, *, served_name: str, lines: Sequence[str]
+) -> tuple[dict[str, Any], str | None]:
+    """(the body vLLM gets, the agent the call is for): a call to the single policy ``served_name`` from an
+    agent with a policy line of its own (``trainer.agents``) goes to that line, ``<served_name>-<agent>``.
+
+    The agent is the one the client named (the ``x-agentlake-agent`` header), else the one whose line the
+    request's ``model`` names; a model that is neither, or an agent with no line, is left as it is.
+    """
+    model = body.get("model")
+    if not agent and isinstance(model, str):
+        agent = next((a for a in lines if model == f"{served_name}-{a}"), None)
+    if agent and agent in lines and model == served_name:
+        return {**body, "model": f"{served_name}-{agent}"}, agent
+    return body, agent or None
 
 
 def upstream_body(body: dict[str, Any], kind: Kind) -> dict[str, Any]:

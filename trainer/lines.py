@@ -1,0 +1,66 @@
+"""Policy lines: one LoRA per trained agent, all served by one vLLM.
+
+With ``trainer.agents = ["planner", "solver"]`` each listed agent has a line of its own in
+``model_versions`` (column ``agent``): versions trained only on that agent's transitions, each
+continuing the line's serving version, served as ``<model.served_name>-<agent>``
+(``agentlake-policy-planner``) by vLLM's multi-LoRA. A round trains every line that has enough new
+rows and leaves the others' versions alone. The gateway routes a call to ``agentlake-policy`` that
+names a listed agent (``x-agentlake-agent``) to that agent's line. Unset: one line, the single policy
+``model.served_name``, trained on every agent's rows, exactly as before.
+
+vLLM must hold every line's adapter at once: ``--max-loras`` (in ``vllm.extra_args``) at least the
+number of lines, else adapters swap in and out between batches (``max_loras_warning``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.config import Settings, policy_served_name
+from trainer.round import RoundResult, count_pending, train_once
+
+SINGLE: list[str | None] = [None]
+
+
+def policy_lines(settings: Settings) -> list[str | None]:
+    """The lines a round trains: each listed agent, or the single policy (None) when none is listed."""
+    return list(settings.trainer.agents) or list(SINGLE)
+
+
+def served_names(settings: Settings) -> dict[str | None, str]:
+    """Line -> the name vLLM serves it under."""
+    return {a: policy_served_name(settings.model.served_name, a) for a in policy_lines(settings)}
+
+
+def train_lines(settings: Settings, *, force: bool = False, **overrides: Any) -> list[RoundResult]:
+    """One round per line (each skipped or trained on its own agent's new rows), in the listed order."""
+    return [train_once(settings, force=force, line=line, **overrides) for line in policy_lines(settings)]
+
+
+def count_pending_lines(settings: Settings, **overrides: Any) -> tuple[int, int | None]:
+    """(most new transitions any line's next round would take, the table version read): the sensor's count."""
+    from trainer.config import config_from_settings
+
+    cfg = config_from_settings(settings, **overrides)
+    counts = [count_pending(cfg, line=line) for line in policy_lines(settings)]
+    return max(n for n, _ in counts), counts[0][1]
+
+
+def max_loras_warning(settings: Settings) -> str | None:
+    """Why vLLM would not hold every line's adapter at once, or None when it will."""
+    lines = len(settings.trainer.agents)
+    if lines <= 1:
+        return None
+    args = list(settings.vllm.extra_args)
+    given = None
+    for i, arg in enumerate(args):
+        if arg.startswith("--max-loras="):
+            given = arg.split("=", 1)[1]
+        elif arg == "--max-loras" and i + 1 < len(args):
+            given = args[i + 1]
+    if given is not None and given.isdigit() and int(given) >= lines:
+        return None
+    return (
+        f"{lines} policy lines (trainer.agents) but vLLM holds {given or 1} LoRA(s) per batch: "
+        f'add "--max-loras", "{lines}" to vllm.extra_args'
+    )
