@@ -447,6 +447,20 @@ def _lapsed(
     return traj.filter(waiting), max(cutoff_us, since_us or cutoff_us)
 
 
+def horizon_due(lake: Lake, credit: CreditSettings, *, now: dt.datetime | None = None) -> int | None:
+    """Whether a transitions run is due with no new data: the new expiry mark (epoch us) when a finished
+    rollout without a reward passed its horizon since the last run, else None. For a sensor: run the
+    gold step (its run key the mark) and each such rollout is dropped or given the default once."""
+    table = lake.table("trajectories")
+    if table is None:
+        return None
+    since = lake.txn("transitions", EXPIRED_UNTIL)
+    lapsed, until = _lapsed(pl.scan_delta(table), credit, now or dt.datetime.now(dt.UTC), since)
+    if lapsed is None or not lapsed.select(pl.len()).collect().item():
+        return None
+    return until
+
+
 def _known_baselines(
     previous: pl.LazyFrame | None, groups: list[keys.Key]
 ) -> tuple[dict[keys.Key, float], dict[keys.Key, float]]:

@@ -20,7 +20,13 @@ import pyarrow as pa
 from pipelines.credit import TenantBaselines
 from pipelines.decoding import KafkaRecord, decode_spans
 from pipelines.decoding.rewards import decode_reward_event
-from pipelines.incremental import StepResult, _saved_baseline, update_trajectories, update_transitions
+from pipelines.incremental import (
+    StepResult,
+    _saved_baseline,
+    horizon_due,
+    update_trajectories,
+    update_transitions,
+)
 from schemas.config import CreditSettings
 from schemas.lake import Lake
 from schemas.tables import REWARDS
@@ -86,8 +92,12 @@ def test_before_the_horizon_a_rollout_waits_and_after_it_is_dropped_once_with_no
     waiting = feed.run(T0 + HOUR / 2)
     assert waiting.extra == {**waiting.extra, "dropped_no_reward_waiting": 1}
     assert "dropped_no_reward_expired" not in waiting.extra
-    # nothing new arrives; the horizon passes: the next run (a schedule tick) drops it
+    assert horizon_due(feed.lake, feed.credit, now=T0 + HOUR / 2) is None
+    # nothing new arrives; the horizon passes: a sensor sees a run is due, and that run drops it
+    due = horizon_due(feed.lake, feed.credit, now=T0 + 2 * HOUR)
+    assert due == int((T0 + HOUR).timestamp() * 1e6)
     expired = feed.run(T0 + 2 * HOUR)
+    assert horizon_due(feed.lake, feed.credit, now=T0 + 3 * HOUR) is None
     assert expired.extra["dropped_no_reward_expired"] == 1
     assert "dropped_no_reward_waiting" not in expired.extra and expired.rows == 0
     assert feed.transitions().is_empty()
@@ -156,3 +166,28 @@ def test_a_real_reward_that_arrives_in_time_is_used_and_nothing_expires(tmp_path
     assert feed.row("r1")["reward_source"] == "event" and feed.row("r1")["reward"] == 1.0
     out = feed.run(T0 + 2 * HOUR)  # past the horizon: nothing to pick up
     assert out.version is None
+
+
+def test_a_rollout_whose_spans_come_after_its_horizon_is_defaulted_at_once(tmp_path: Path) -> None:
+    feed = Feed(tmp_path / "lake", CreditSettings(reward_horizon_s=3600, missing_reward=0.0))
+    feed.rollout("r1", T0)
+    feed.run(T0 + 5 * HOUR)
+    assert feed.row("r1")["reward_source"] == "default"
+
+
+def test_a_transitions_table_from_before_reward_source_gains_the_column(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    credit = CreditSettings(advantage="running_baseline", reward_horizon_s=3600, missing_reward=0.0)
+    feed = Feed(tmp_path / "lake", credit)
+    feed.rollout("r0", T0, reward=1.0)
+    feed.run(T0 + HOUR / 2)
+    v2 = feed.lake.table("transitions").to_pyarrow_table().drop_columns(["reward_source"])  # type: ignore[union-attr]
+    write_deltalake(feed.lake.uri("transitions"), v2, mode="overwrite", schema_mode="overwrite", partition_by=["day"])
+    feed.rollout("r0", T0 + HOUR, reward=0.0)  # r0's group again: its row from before keeps its baseline
+    feed.rollout("r1", T0 + HOUR)
+    feed.run(T0 + 3 * HOUR)
+    assert feed.transitions().select("rollout_id", "reward_source", "baseline").rows() == [
+        ("r0", "span", 0.0),
+        ("r1", "default", 1.0),
+    ]
