@@ -6,6 +6,7 @@ has scored through, as a Delta app transaction of `trajectories`. A new version 
 scores every finished trajectory once; an unchanged one scores only rows re-assembled since. A
 ``backfill`` ignores the watermarks and scores everything again; rows come out the same (the
 reward id is a hash of tenant, rollout, attempt, name and version), and only differences are written.
+Choosing another ``[credit] reward`` is a backfill too: every row's ``final_reward`` may change.
 
 The scores are written to `rewards` and attached to the rows of `trajectories` they belong to (their
 ``rewards`` list and, when ``[credit] reward`` names them, ``final_reward``) in a commit stamped after
@@ -22,6 +23,7 @@ import datetime as dt
 import hashlib
 import importlib
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -36,6 +38,7 @@ from schemas.lake import Lake, in_list
 from schemas.tables import REWARDS, TRAJECTORIES
 
 _FN_PREFIX = "fn:"
+_CHOICE_APP = "reward_fn:choice"  # a checksum of ``[credit] reward``: when it changes, every row is redone
 
 
 @runtime_checkable
@@ -193,6 +196,9 @@ def score_trajectories(
     if traj_dt is None or not fns:
         return res
     sources = [source_of(f) for f in fns]
+    choice = zlib.crc32((chosen or "").encode())
+    was = traj_dt.transaction_version(_CHOICE_APP)
+    backfill = backfill or (was is not None and was != choice)  # another final reward: every row again
     marks = {s: None if backfill else traj_dt.transaction_version(_mark_app(s)) for s in sources}
     owns = {s: traj_dt.transaction_version(_own_app(s)) for s in sources}
     snapshot = pl.scan_delta(traj_dt)
@@ -232,7 +238,7 @@ def score_trajectories(
     after = attach(before, attached, chosen=chosen)
     changed = _changed_rollouts(before, after)
     stamp = max(newest + dt.timedelta(microseconds=1), now or dt.datetime.now(dt.UTC))
-    new_marks = {_mark_app(s): _us(newest) for s in sources}
+    new_marks = {_mark_app(s): _us(newest) for s in sources} | {_CHOICE_APP: choice}
     rewrite = keys.keep(after, changed, "rollout_id").with_columns(
         pl.lit(stamp).dt.cast_time_unit("us").dt.replace_time_zone("UTC").alias("updated_at")
     )

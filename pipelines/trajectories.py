@@ -79,11 +79,14 @@ def assemble(
     now: dt.datetime,
     idle_timeout_s: float,
     updated_at: dt.datetime | None = None,
+    reward_name: str | None = None,
 ) -> pa.Table:
     """All spans of some rollouts (+ their reward events) to `trajectories` rows.
 
     ``spans`` carry resolved rollout ids (`pipelines.identity.resolve_rollouts`); ``updated_at``
     (default ``now``) stamps the rows, so a later commit can be told from an earlier one.
+    ``final_reward`` is the last reward named ``reward_name`` (``[credit] reward``), else the last
+    named "primary", else the first.
     """
     if spans.is_empty():
         return TRAJECTORIES.empty_table()
@@ -137,6 +140,7 @@ def assemble(
     reward_agg = rewards.group_by(_KEYS).agg(
         pl.struct("reward_id", "name", "value", "source", "span_id", "event_time").alias("rewards"),
         pl.col("value").filter(pl.col("name") == A.PRIMARY_REWARD_NAME).last().alias("_primary"),
+        pl.col("value").filter(pl.col("name") == (reward_name or A.PRIMARY_REWARD_NAME)).last().alias("_chosen"),
         pl.col("value").first().alias("_first"),
     )
 
@@ -229,7 +233,7 @@ def assemble(
         .join(reward_agg, on=_KEYS, how="left", nulls_equal=True)
         .with_columns(
             status.alias("status"),
-            pl.coalesce("_primary", "_first").alias("final_reward"),
+            pl.coalesce("_chosen", "_primary", "_first").alias("final_reward"),
             pl.col("n_llm_calls").fill_null(0),
             pl.lit(updated_at or now).dt.cast_time_unit("us").dt.replace_time_zone("UTC").alias("updated_at"),
             pl.col("start_time").dt.date().alias("day"),

@@ -19,11 +19,14 @@ import pyarrow as pa
 import pytest
 from dagster import materialize
 
+from agentlake import Trajectory, reward_fn
 from pipelines.assets import reward_functions, transitions
 from pipelines.decoding import KafkaRecord, decode_reward_event, decode_spans
+from pipelines.identity import resolve_rollouts
 from pipelines.incremental import update_trajectories
 from pipelines.resources import CreditResource, LakeResource, TokenizerResource
-from pipelines.reward_functions import RewardFunctionError, load, reward_id
+from pipelines.reward_functions import RewardFunctionError, load, reward_id, scored_rewards
+from pipelines.trajectories import assemble
 from schemas.lake import Lake
 from schemas.tables import REWARDS
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
@@ -239,3 +242,69 @@ def test_a_rollout_assembled_again_is_scored_again(tmp_path: Path, user_modules:
     assert sorted(e["name"] for e in entries) == ["calls", "exact_answer", "late", "primary"]
     assert side.fn_rewards().height == 4
     assert by_rollout(side.table("transitions"), "reward") == {"r0": 1.0, "r1": 0.0}
+
+
+def test_a_backfill_removes_a_score_the_function_no_longer_gives(tmp_path: Path, user_modules: Any) -> None:
+    side = Lakeside(tmp_path / "lake")
+    side.deliver(("r0", "42", 0.0), ("r1", "41", 1.0))
+    edited = user_modules()
+    side.score(edited, reward="exact_answer")
+    # the same name and version, edited in place to answer None for r1 (no bump: only a backfill sees it)
+    path = Path(sys.modules[edited].__file__ or "")
+    path.write_text(path.read_text().replace("if t.answer is None:", "if t.answer is None or t.rollout_id == 'r1':"))
+    sys.modules.pop(edited)
+    assert side.score(edited, reward="exact_answer")["scored"] == 0
+    meta = side.score(edited, reward="exact_answer", backfill=True)
+    assert meta["rewards_removed"] == 1 and meta["rollouts_updated"] == 1
+    exact = side.fn_rewards().filter(pl.col("name") == "exact_answer")
+    assert exact["rollout_id"].to_list() == ["r0"]
+    traj = side.table("trajectories")
+    # r1 has no exact_answer now: its final reward falls back to the primary one
+    assert by_rollout(traj, "final_reward") == {"r0": 1.0, "r1": 1.0}
+    assert by_rollout(side.table("transitions"), "reward") == {"r0": 1.0, "r1": 1.0}
+
+
+def test_choosing_another_reward_recomputes_every_final_reward(tmp_path: Path, user_modules: Any) -> None:
+    side = Lakeside(tmp_path / "lake")
+    side.deliver(("r0", "42", 0.0), ("r1", "41", 1.0))
+    module = user_modules()
+    side.score(module)
+    assert by_rollout(side.table("trajectories"), "final_reward") == {"r0": 0.0, "r1": 1.0}
+    meta = side.score(module, reward="exact_answer")
+    assert meta["rollouts_updated"] == 2 and meta["rewards_written"] == 0
+    assert by_rollout(side.table("trajectories"), "final_reward") == {"r0": 1.0, "r1": 0.0}
+    assert by_rollout(side.table("transitions"), "reward") == {"r0": 1.0, "r1": 0.0}
+
+
+def test_a_score_that_is_not_a_number_is_refused_with_its_function_and_rollout(tmp_path: Path) -> None:
+    side = Lakeside(tmp_path / "lake")
+    side.deliver(("r0", "42", 0.0))
+
+    @reward_fn(name="judge", version="1")
+    def judge(t: Trajectory) -> float | None:
+        return "yes"  # type: ignore[return-value]
+
+    with pytest.raises(RewardFunctionError, match=r"judge@1 returned 'yes' for rollout 'r0'"):
+        scored_rewards(side.table("trajectories"), [judge])
+    with pytest.raises(Exception, match="letters, digits"):
+        reward_fn(name="exact answer")
+
+
+def test_assemble_takes_the_chosen_reward_as_final() -> None:
+    call = Call(prompt=[1], response=[2], logprobs=[-0.5], reward_after=0.25)
+    spans = make_spans(Rollout("r0", calls=[call], final_reward=1.0))
+    rows = pl.from_arrow(decode_spans([KafkaRecord("s", 0, 0, None, encode(spans), [])])[0])
+    assert isinstance(rows, pl.DataFrame)
+    rows = resolve_rollouts(rows)
+    body = json.dumps({"rollout_id": "r0", "name": "judge", "value": 0.5}).encode()
+    event = decode_reward_event(KafkaRecord("r", 0, 0, None, body, [], timestamp_ms=1_750_000_100_000))
+    events = pl.from_arrow(pa.Table.from_pylist([event], schema=REWARDS))
+    assert isinstance(events, pl.DataFrame)
+
+    def final(reward_name: str | None) -> float:
+        table = assemble(rows, events, now=NOW, idle_timeout_s=1e9, reward_name=reward_name)
+        return table.column("final_reward")[0].as_py()
+
+    assert final(None) == 1.0  # the last primary
+    assert final("judge") == 0.5
+    assert final("no_such_reward") == 1.0  # absent: the primary one
