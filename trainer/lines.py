@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas.agent_filter import matching_agents
 from schemas.config import Settings, policy_served_name
 from trainer.round import RoundResult, count_pending, train_once
 
@@ -33,8 +34,15 @@ def served_names(settings: Settings) -> dict[str | None, str]:
 
 
 def train_lines(settings: Settings, *, force: bool = False, **overrides: Any) -> list[RoundResult]:
-    """One round per line (each skipped or trained on its own agent's new rows), in the listed order."""
-    return [train_once(settings, force=force, line=line, **overrides) for line in policy_lines(settings)]
+    """One round per line (each skipped or trained on its own agent's new rows), in the listed order.
+
+    An ``agent`` override (``agentlake train --agent``) picks the lines whose agent its glob matches;
+    without listed agents it filters the single policy's rows, as it always did."""
+    lines = policy_lines(settings)
+    if settings.trainer.agents and overrides.get("agent") is not None:
+        chosen = matching_agents(overrides.pop("agent"), settings.trainer.agents)
+        lines = [line for line in lines if line in chosen]
+    return [train_once(settings, force=force, line=line, **overrides) for line in lines]
 
 
 def count_pending_lines(settings: Settings, **overrides: Any) -> tuple[int, int | None]:

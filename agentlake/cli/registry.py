@@ -64,19 +64,23 @@ EvalTasksOption = typer.Option(
 @model_app.command("list")
 @handle_errors
 def list_versions(config: str | None = ConfigOption) -> None:
-    """Every policy version, oldest first; the serving one is starred."""
+    """Every policy version, oldest first; the serving one (of each agent's line) is starred."""
     settings = settings_or_exit(config)
     reg = _registry(settings)
     rows = reg.rows()
     if not rows:
         console.print(f"no policy versions yet in {reg.uri}; run `agentlake train --once`")
         return
-    serving = (reg.serving() or {}).get("version")
+    agents = {r["agent"] for r in rows}  # policy lines (trainer.agents); {None}: the single policy
+    serving = {(reg.serving(agent=a) or {}).get("version") for a in agents}
     table = Table("version", "parent", "kind", "status", "data (versions)", "rows", "final loss", "created")
+    if agents != {None}:
+        table.add_column("line")
     for r in rows:
         loss = json.loads(r["metrics"] or "{}").get("final_loss")
+        line = [r["agent"] or "-"] if agents != {None} else []
         table.add_row(
-            ("* " if r["version"] == serving else "  ") + r["version"],
+            ("* " if r["version"] in serving else "  ") + r["version"],
             r["parent_version"] or "-",
             r["kind"],
             r["publish_status"],
@@ -84,6 +88,7 @@ def list_versions(config: str | None = ConfigOption) -> None:
             str(r["n_transitions"] or 0),
             "-" if loss is None else f"{loss:.4f}",
             r["created_at"].strftime("%Y-%m-%d %H:%M:%S"),
+            *line,
         )
     console.print(table)
 
@@ -96,7 +101,7 @@ def show(version: str = typer.Argument(..., help="A version, e.g. v0003."), conf
     reg = _registry(settings)
     row = reg.get(version)
     for key in ("version", "kind", "publish_status", "publish_error", "base_model", "path", "artifact_uri",
-                "manifest_sha256", "served_name", "train_table", "train_version_start", "train_version_end",
+                "manifest_sha256", "served_name", "agent", "train_table", "train_version_start", "train_version_end",
                 "n_transitions", "created_at", "published_at"):  # fmt: skip
         console.print(f"[bold]{key}[/]: {row[key]}")
     console.print(f"[bold]trained on[/]: {_trained_on(settings, row)}")
@@ -145,7 +150,8 @@ def publish(
         version = rows[-1]["version"]
     result = pub.publish(version)
     colour = "green" if result.status == "published" else "yellow"
-    console.print(f"[{colour}]{result.version} {result.status}[/] in {result.seconds:.2f}s as {pub.served_name}")
+    name = pub.name_of(pub.registry.get(version))  # its policy line's served name
+    console.print(f"[{colour}]{result.version} {result.status}[/] in {result.seconds:.2f}s as {name}")
     if result.scores:
         console.print(f"  eval: candidate {result.scores['candidate']:.3f}, serving {result.scores['serving']:.3f}")
     if result.event_error:
@@ -156,6 +162,7 @@ def publish(
 @handle_errors
 def rollback(
     to: str | None = typer.Option(None, "--to", help="Version to serve (default: the one served before)."),
+    agent: str | None = typer.Option(None, "--agent", help="The agent's policy line (trainer.agents) to roll back."),
     vllm_url: str | None = typer.Option(None, "--vllm-url", help="vLLM base URL (default: from settings)."),
     config: str | None = ConfigOption,
 ) -> None:
@@ -164,5 +171,5 @@ def rollback(
 
     settings = settings_or_exit(config)
     pub = Publisher.from_settings(settings, vllm_url=vllm_url, restart=_restart_local_vllm(settings))
-    result = pub.rollback(to)
+    result = pub.rollback(to, agent=agent)
     console.print(f"[green]serving {result.version}[/] again (was {result.previous}) in {result.seconds:.2f}s")

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import typer
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
+
+if TYPE_CHECKING:
+    from schemas.config import Settings
+    from trainer.round import RoundResult
 
 
 @app.command()
@@ -27,8 +32,10 @@ def train(
     interval: float = typer.Option(60.0, "--interval", help="Seconds between polls without --once."),
     config: str | None = ConfigOption,
 ) -> None:
-    """Train a new policy version on the transitions no earlier version trained on (each once)."""
-    from trainer.round import train_once
+    """Train a new policy version on the transitions no earlier version trained on (each once).
+
+    With ``trainer.agents`` listed, one round per agent's policy line (``--agent``: the lines it matches)."""
+    from trainer.lines import train_lines
 
     settings = settings_or_exit(config)
     if table is not None:
@@ -42,24 +49,33 @@ def train(
     given = dict(max_steps=max_steps, version_start=version_start, version_end=version_end, agent=agent, table=table)
     overrides = {k: v for k, v in given.items() if v is not None}
     while True:
-        result = train_once(settings, force=force, **overrides)
-        if result.version is None:
-            console.print(f"[yellow]skipped:[/] {result.reason}")
-        else:
-            m = result.metrics
-            console.print(
-                f"[green]{result.version}[/] from {result.n_transitions} transitions "
-                f"(read at table version {result.version_end}): "
-                f"loss {m.get('first_loss', 0):.4f} -> {m.get('final_loss', 0):.4f}, "
-                f"{m.get('tokens_per_s', 0):.0f} tok/s, saved to {result.path}"
-            )
-            if publish:
-                from agentlake.cli.registry import _restart_local_vllm
-                from trainer.publish import Publisher
-
-                pub = Publisher.from_settings(settings, restart=_restart_local_vllm(settings))
-                outcome = pub.publish(result.version)
-                console.print(f"  {outcome.status} as {pub.served_name} in {outcome.seconds:.2f}s")
+        for result in train_lines(settings, force=force, **overrides):
+            _report(settings, result, publish=publish)
         if once:
             return
         time.sleep(interval)
+
+
+def _report(settings: Settings, result: RoundResult, *, publish: bool) -> None:
+    """Print one line's round and publish its new version when asked."""
+    from schemas.config import policy_served_name
+
+    name = policy_served_name(settings.model.served_name, result.agent)
+    line = f"{name}: " if result.agent else ""
+    if result.version is None:
+        console.print(f"[yellow]{line}skipped:[/] {result.reason}")
+    else:
+        m = result.metrics
+        console.print(
+            f"{line}[green]{result.version}[/] from {result.n_transitions} transitions "
+            f"(read at table version {result.version_end}): "
+            f"loss {m.get('first_loss', 0):.4f} -> {m.get('final_loss', 0):.4f}, "
+            f"{m.get('tokens_per_s', 0):.0f} tok/s, saved to {result.path}"
+        )
+        if publish:
+            from agentlake.cli.registry import _restart_local_vllm
+            from trainer.publish import Publisher
+
+            pub = Publisher.from_settings(settings, restart=_restart_local_vllm(settings))
+            outcome = pub.publish(result.version)
+            console.print(f"  {outcome.status} as {name} in {outcome.seconds:.2f}s")

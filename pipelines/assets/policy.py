@@ -1,15 +1,22 @@
 """The `policy` asset: train one version on new transitions and republish it to vLLM.
 
-A thin shell over ``trainer.round.train_once`` and ``trainer.publish.Publisher``; the metadata
-(loss, KL, reward, tokens/s, publish latency) is numeric so Dagster plots it across versions.
+A thin shell over ``trainer.lines.train_lines`` (one round per agent's policy line when
+``trainer.agents`` lists some, else ``trainer.round.train_once`` for the single policy) and
+``trainer.publish.Publisher``; the metadata (loss, KL, reward, tokens/s, publish latency) is numeric
+so Dagster plots it across versions, prefixed ``<agent>/`` per line.
 """
 
 import time
+from typing import TYPE_CHECKING
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from pipelines.assets.gold import transitions
 from pipelines.resources import TrainerResource
+
+if TYPE_CHECKING:
+    from schemas.config import Settings
+    from trainer.round import RoundResult
 
 # Where a Kubernetes deployment (deploy/helm: K8sRunLauncher) trains: a pod with one GPU, on a node that
 # has one (the label NVIDIA's GPU feature discovery sets), tolerating the usual GPU taint. The run launcher
@@ -32,16 +39,31 @@ GPU_TAGS = {"dagster-k8s/config": GPU_K8S_CONFIG, "agentlake/gpu": "1"}
     description="A new policy version trained on the transitions since the last one, published to vLLM.",
 )
 def policy(context: AssetExecutionContext, trainer: TrainerResource) -> MaterializeResult:
-    from trainer.publish import Publisher
-    from trainer.round import train_once
+    from trainer.lines import train_lines
 
     settings = trainer.settings()
     t0 = time.perf_counter()
-    result = train_once(settings)
+    results = train_lines(settings)  # one round per agent's policy line (trainer.agents), else the single policy
+    if len(results) == 1 and results[0].agent is None:
+        return MaterializeResult(metadata=_round(context, trainer, settings, results[0], t0))
+    meta: dict[str, object] = {"trained": False}
+    for result in results:
+        one = _round(context, trainer, settings, result, t0)
+        meta["trained"] = bool(meta["trained"] or one["trained"])
+        meta.update({f"{result.agent}/{k}": v for k, v in one.items()})
+    return MaterializeResult(metadata=meta)
+
+
+def _round(
+    context: AssetExecutionContext, trainer: TrainerResource, settings: "Settings", result: "RoundResult", t0: float
+) -> dict[str, object]:
+    """One line's round as metadata; its new version published when the resource says so."""
+    from trainer.publish import Publisher
+
+    line = f"{result.agent}: " if result.agent else ""
     if result.version is None:
-        context.log.info(f"no new version: {result.reason}")
-        meta = {"trained": False, "reason": result.reason, "n_transitions": result.n_transitions}
-        return MaterializeResult(metadata=meta)
+        context.log.info(f"{line}no new version: {result.reason}")
+        return {"trained": False, "reason": result.reason, "n_transitions": result.n_transitions}
     meta: dict[str, object] = {
         "trained": True,
         "version": result.version,
@@ -56,5 +78,5 @@ def policy(context: AssetExecutionContext, trainer: TrainerResource) -> Material
     if trainer.publish:
         published = Publisher.from_settings(settings).publish(result.version)
         meta.update(publish_status=published.status, publish_seconds=round(published.seconds, 3))
-        context.log.info(f"{result.version}: {published.status} in {published.seconds:.2f}s")
-    return MaterializeResult(metadata=meta)
+        context.log.info(f"{line}{result.version}: {published.status} in {published.seconds:.2f}s")
+    return meta

@@ -155,3 +155,26 @@ def test_vllm_must_hold_every_lines_adapter(lake: Path, tiny_model_dir: Path) ->
     settings.vllm.extra_args = ["--max-loras=1"]
     assert max_loras_warning(settings) is not None
     assert max_loras_warning(_settings(lake, tiny_model_dir, [])) is None
+
+
+def test_the_policy_asset_trains_every_line_and_says_which(
+    lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]]
+) -> None:
+    from dagster import build_asset_context
+
+    from pipelines.assets.policy import policy
+    from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+
+    write_transitions(lake, _rows(tokens, range(0, 3), "planner") + _rows(tokens, range(100, 101), "solver"))
+    resource = TrainerResource(
+        lake=LakeResource(root=str(lake)),
+        kafka=KafkaResource(bootstrap_servers="127.0.0.1:1", spans_topic="s", rewards_topic="r"),
+        trainer={"agents": ["planner", "solver"], "min_new_transitions": 2, "lora_rank": 4},
+        model={"base": str(tiny_model_dir)},
+        publish=False,
+    )
+    meta = policy(build_asset_context(), trainer=resource).metadata
+    assert meta["trained"] is True
+    assert (meta["planner/version"], meta["planner/n_transitions"]) == ("v0001", 3)
+    assert (meta["solver/trained"], meta["solver/n_transitions"]) == (False, 1)  # 1 < min_new_transitions
+    assert Registry(Lake(str(lake))).get("v0001")["agent"] == "planner"
