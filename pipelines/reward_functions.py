@@ -189,8 +189,14 @@ def score_trajectories(
     chosen: str | None = None,
     backfill: bool = False,
     now: dt.datetime | None = None,
+    chunk_rollouts: int = 10_000,
 ) -> ScoreResult:
-    """Score the finished trajectories each function has not scored yet (all with ``backfill``)."""
+    """Score the finished trajectories each function has not scored yet (all with ``backfill``).
+
+    Rollouts are taken ``chunk_rollouts`` at a time, one `rewards` and one `trajectories` commit each,
+    so memory and the commits' predicates follow the chunk; the watermarks go in with the last chunk,
+    and a crash in between redoes the chunks already written, finding nothing to change there.
+    """
     res = ScoreResult()
     traj_dt = lake.pin("trajectories") if lake.table("trajectories") is not None else None
     if traj_dt is None or not fns:
@@ -201,59 +207,73 @@ def score_trajectories(
     backfill = backfill or (was is not None and was != choice)  # another final reward: every row again
     marks = {s: None if backfill else traj_dt.transaction_version(_mark_app(s)) for s in sources}
     owns = {s: traj_dt.transaction_version(_own_app(s)) for s in sources}
-    snapshot = pl.scan_delta(traj_dt)
-    newest = snapshot.select(pl.col("updated_at").max()).collect().item()
+    newest = pl.scan_delta(traj_dt).select(pl.col("updated_at").max()).collect().item()
     if newest is None:
         return res
     done = pl.col("status").is_in(TERMINAL)
-
-    def wanted(s: str) -> pl.Expr:
-        us = pl.col("updated_at").dt.epoch("us")
-        cond = done if marks[s] is None else done & (us > marks[s])
-        return cond if owns[s] is None or marks[s] is None else cond & (us != owns[s])
-
-    candidates = snapshot.filter(pl.any_horizontal(*(wanted(s) for s in sources))).collect()
-    if candidates.is_empty():
+    us = pl.col("updated_at").dt.epoch("us")
+    wanted = {
+        s: done if marks[s] is None else done & (us > marks[s]) & (pl.lit(True) if owns[s] is None else us != owns[s])
+        for s in sources
+    }
+    anyone = pl.any_horizontal(*wanted.values())
+    rollouts = sorted(set(pl.scan_delta(traj_dt).filter(anyone).select(*keys.ROLLOUT).collect().iter_rows()))
+    if not rollouts:
         return res
-    new_rows, ids = [], []
-    for fn, s in zip(fns, sources, strict=True):
-        subset = candidates.filter(wanted(s))
-        res.scored[s] = subset.height
-        rows, scored_ids = scored_rewards(subset, [fn])
-        new_rows.append(rows)
-        ids += scored_ids
-    fresh = pl.concat(new_rows)
-    _write_rewards(lake, fresh, ids, res)
-
-    # attach every current function's rewards to the candidate rollouts' rows, and stamp them later
-    rollouts = sorted(set(candidates.select(*keys.ROLLOUT).iter_rows()))
-    current = lake.scan("rewards")
-    assert current is not None  # written above, or scored before
-    attached = keys.keep(
-        current.filter(pl.col("source").is_in(sources) & keys.among(rollouts, "rollout_id")).collect(),
-        rollouts,
-        "rollout_id",
-    )
-    before = keys.keep(snapshot.filter(keys.among(rollouts, "rollout_id")).collect(), rollouts, "rollout_id")
-    after = attach(before, attached, chosen=chosen)
-    changed = _changed_rollouts(before, after)
     stamp = max(newest + dt.timedelta(microseconds=1), now or dt.datetime.now(dt.UTC))
-    new_marks = {_mark_app(s): _us(newest) for s in sources} | {_CHOICE_APP: choice}
+    for start in range(0, len(rollouts), chunk_rollouts):
+        chunk = rollouts[start : start + chunk_rollouts]
+        rows = keys.keep(pl.scan_delta(traj_dt).filter(keys.among(chunk, "rollout_id")).collect(), chunk, "rollout_id")
+        fresh, ids = [], []
+        for fn, s in zip(fns, sources, strict=True):
+            subset = rows.filter(wanted[s])
+            res.scored[s] = res.scored.get(s, 0) + subset.height
+            scored, scored_ids = scored_rewards(subset, [fn])
+            fresh.append(scored)
+            ids += scored_ids
+        _write_rewards(lake, pl.concat(fresh), ids, res)
+        _attach_chunk(lake, traj_dt, rows, chunk, sources, chosen=chosen, stamp=stamp, res=res)
+        if start + chunk_rollouts >= len(rollouts):  # the last chunk: the watermarks go in with it
+            new_marks = {_mark_app(s): _us(newest) for s in sources} | {_CHOICE_APP: choice}
+            if res.rollouts_updated:
+                new_marks |= {_own_app(s): _us(stamp) for s in sources}
+            res.version = lake.write(
+                "trajectories", TRAJECTORIES.empty_table(), mode="append", snapshot=traj_dt, marks=new_marks
+            )
+    return res
+
+
+def _attach_chunk(
+    lake: Lake,
+    traj_dt: Any,
+    rows: pl.DataFrame,
+    chunk: list[keys.Key],
+    sources: list[str],
+    *,
+    chosen: str | None,
+    stamp: dt.datetime,
+    res: ScoreResult,
+) -> None:
+    """Attach every current function's rewards to the chunk's rows; rewrite those that changed, stamped later."""
+    current = lake.scan("rewards")
+    if current is None:
+        return
+    found = current.filter(pl.col("source").is_in(sources) & keys.among(chunk, "rollout_id")).collect()
+    after = attach(rows, keys.keep(found, chunk, "rollout_id"), chosen=chosen)
+    changed = _changed_rollouts(rows, after)
+    if not changed:
+        return
     rewrite = keys.keep(after, changed, "rollout_id").with_columns(
         pl.lit(stamp).dt.cast_time_unit("us").dt.replace_time_zone("UTC").alias("updated_at")
     )
-    if changed:
-        new_marks |= {_own_app(s): _us(stamp) for s in sources}
-    res.version = lake.write(
+    lake.write(
         "trajectories",
-        rewrite.to_arrow().cast(TRAJECTORIES) if changed else TRAJECTORIES.empty_table(),
-        mode="overwrite" if changed else "append",
-        predicate=keys.predicate(changed, "rollout_id") if changed else None,
+        rewrite.to_arrow().cast(TRAJECTORIES),
+        mode="overwrite",
+        predicate=keys.predicate(changed, "rollout_id"),
         snapshot=traj_dt,
-        marks=new_marks,
     )
-    res.rollouts_updated = len(changed)
-    return res
+    res.rollouts_updated += len(changed)
 
 
 def _write_rewards(lake: Lake, fresh: pl.DataFrame, ids: list[str], res: ScoreResult) -> None:
@@ -274,8 +294,8 @@ def _write_rewards(lake: Lake, fresh: pl.DataFrame, ids: list[str], res: ScoreRe
         mode="overwrite" if table is not None else "append",
         predicate=in_list("reward_id", differ) if table is not None else None,
     )
-    res.rewards_written = rows.height
-    res.rewards_removed = sum(1 for i in was if i not in now)
+    res.rewards_written += rows.height
+    res.rewards_removed += sum(1 for i in was if i not in now)
 
 
 def _changed_rollouts(before: pl.DataFrame, after: pl.DataFrame) -> list[keys.Key]:

@@ -25,7 +25,7 @@ from pipelines.decoding import KafkaRecord, decode_reward_event, decode_spans
 from pipelines.identity import resolve_rollouts
 from pipelines.incremental import update_trajectories
 from pipelines.resources import CreditResource, LakeResource, TokenizerResource
-from pipelines.reward_functions import RewardFunctionError, load, reward_id, scored_rewards
+from pipelines.reward_functions import RewardFunctionError, load, reward_id, score_trajectories, scored_rewards
 from pipelines.trajectories import assemble
 from schemas.lake import Lake
 from schemas.tables import REWARDS
@@ -214,6 +214,13 @@ def test_a_backfill_gives_the_rows_of_the_incremental_path(tmp_path: Path, user_
     meta = at_once.score(module, reward="exact_answer", backfill=True)
     assert meta["scored"] == 6
     assert at_once.fn_rewards().equals(incremental.fn_rewards())
+    # and in chunks of one rollout (one commit each, the watermarks with the last)
+    chunked = Lakeside(tmp_path / "c")
+    chunked.deliver(("r0", "42", 0.0), ("r1", "41", 1.0), ("r2", "42", 1.0))
+    res = score_trajectories(chunked.lake, load([module]), chosen="exact_answer", chunk_rollouts=1)
+    assert res.rollouts_updated == 3 and chunked.fn_rewards().equals(incremental.fn_rewards())
+    assert by_rollout(chunked.table("trajectories"), "final_reward") == {"r0": 1.0, "r1": 0.0, "r2": 1.0}
+    assert score_trajectories(chunked.lake, load([module]), chosen="exact_answer").scored == {}
 
     # a backfill of what is already scored finds every row as it is: nothing to write
     rewards_version = incremental.lake.version("rewards")
