@@ -13,6 +13,11 @@ The scores are written to `rewards` and attached to the rows of `trajectories` t
 every earlier one, so the transitions step rebuilds the affected groups. The rows this step wrote
 itself are not scored again: their stamp is kept beside each watermark.
 
+History is re-scored by a new version or a ``backfill`` run, not by day partitions: a trajectory
+changes after its day (late spans and rewards re-assemble it), so what needs scoring is "rows this
+version has not seen", which a watermark says and a day does not; and the asset stays unpartitioned,
+in the same job and automation as the trajectories and transitions around it.
+
 This package does not import ``agentlake`` (it sits above us): a reward function is anything with a
 ``name``, a ``version`` and a ``score(row)`` method, which ``agentlake.reward_fn`` builds.
 """
