@@ -130,6 +130,39 @@ def scored_rewards(traj: pl.DataFrame, fns: Iterable[RewardFunction]) -> tuple[p
     return pl.concat([empty, out], how="diagonal").select(empty.columns), ids
 
 
+_SPAN_VIEW = ["span_id", "parent_span_id", "name", "start_time", "end_time", "status_code", "attributes"]
+
+
+def with_spans(traj: pl.DataFrame, spans: pl.LazyFrame | None) -> pl.DataFrame:
+    """``traj`` with a ``spans`` column: the spans of each row's traces and attempt (attributes as JSON text).
+
+    Read from `spans` by (tenant, trace id), from the rows' first day on (a trajectory's day is its
+    earliest span's); a span without an attempt id belongs to every attempt of its trace.
+    """
+    pairs = {(t, x) for t, ids in traj.select("tenant", "trace_ids").iter_rows() for x in ids or ()}
+    if spans is None or not pairs:
+        return traj.with_columns(pl.lit(None, pl.List(pl.Struct({c: pl.String for c in _SPAN_VIEW}))).alias("spans"))
+    found = keys.keep(
+        spans.filter((pl.col("day") >= traj["day"].min()) & keys.among(pairs, "trace_id"))
+        .select("tenant", "trace_id", "attempt_id", *_SPAN_VIEW)
+        .collect(),
+        pairs,
+        "trace_id",
+    )
+    per_row = (
+        traj.select(*keys.ATTEMPT, "trace_ids")
+        .with_row_index("_row")
+        .explode("trace_ids")
+        .rename({"trace_ids": "trace_id"})
+        .join(found.rename({"attempt_id": "_span_attempt"}), on=["tenant", "trace_id"])
+        .filter(pl.col("_span_attempt").is_null() | (pl.col("_span_attempt") == pl.col("attempt_id")))
+        .sort("start_time", "span_id")
+        .group_by("_row")
+        .agg(pl.struct(_SPAN_VIEW).alias("spans"))
+    )
+    return traj.with_row_index("_row").join(per_row, on="_row", how="left").sort("_row").drop("_row")
+
+
 def final_reward(entries: list[dict[str, Any]], chosen: str | None) -> float | None:
     """The reward named ``chosen`` (the last one), else `assemble`'s rule: the last primary, else the first."""
     for name in (chosen, A.PRIMARY_REWARD_NAME):
@@ -230,8 +263,9 @@ def score_trajectories(
         chunk = rollouts[start : start + chunk_rollouts]
         rows = keys.keep(pl.scan_delta(traj_dt).filter(keys.among(chunk, "rollout_id")).collect(), chunk, "rollout_id")
         fresh, ids = [], []
+        viewed = with_spans(rows, lake.scan("spans"))
         for fn, s in zip(fns, sources, strict=True):
-            subset = rows.filter(wanted[s])
+            subset = viewed.filter(wanted[s])
             res.scored[s] = res.scored.get(s, 0) + subset.height
             scored, scored_ids = scored_rewards(subset, [fn])
             fresh.append(scored)

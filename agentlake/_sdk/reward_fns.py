@@ -45,13 +45,14 @@ class Trajectory:
     start_time: dt.datetime | None = None
     end_time: dt.datetime | None = None
     trace_ids: tuple[str, ...] = ()
+    spans: tuple[Mapping[str, Any], ...] = ()  # its spans in start order: name, ids, times, status, attributes
     extra: Mapping[str, Any] = field(default_factory=dict)  # the rest of the row
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Trajectory:
         """A view of one `trajectories` row (a dict of its columns)."""
         known = {"tenant", "rollout_id", "attempt_id", "task_id", "status", "agents", "calls", "rewards"}
-        known |= {"start_time", "end_time", "trace_ids"}
+        known |= {"start_time", "end_time", "trace_ids", "spans"}
         return cls(
             tenant=row["tenant"],
             rollout_id=row["rollout_id"],
@@ -64,6 +65,7 @@ class Trajectory:
             start_time=row.get("start_time"),
             end_time=row.get("end_time"),
             trace_ids=tuple(row.get("trace_ids") or ()),
+            spans=tuple({**sp, "attributes": _object(sp.get("attributes"))} for sp in row.get("spans") or ()),
             extra={k: v for k, v in row.items() if k not in known},
         )
 
@@ -88,6 +90,14 @@ class Trajectory:
         if isinstance(content, list):  # content parts
             content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
         return content if isinstance(content, str) else None
+
+
+def _object(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _messages(text: str | None) -> list[dict[str, Any]]:

@@ -38,13 +38,16 @@ from agentlake import Trajectory, reward_fn
 
 @reward_fn(name="exact_answer", version="{version}")
 def exact_answer(t: Trajectory) -> float | None:
-    if t.answer is None:
+    if t.answer is None or not t.tool_results:
         return None
     return float(t.answer.strip() == "{expected}")
 
 
 @reward_fn(name="calls", version="1")
 def calls(t: Trajectory) -> float | None:
+    # the trajectory's own spans come along: here, the tool span the agent recorded
+    if not any(s["attributes"].get("tool.name") == "calc" for s in t.spans):
+        return None
     return float(len(t.calls))
 """
 _names = itertools.count()
@@ -258,7 +261,7 @@ def test_a_backfill_removes_a_score_the_function_no_longer_gives(tmp_path: Path,
     side.score(edited, reward="exact_answer")
     # the same name and version, edited in place to answer None for r1 (no bump: only a backfill sees it)
     path = Path(sys.modules[edited].__file__ or "")
-    path.write_text(path.read_text().replace("if t.answer is None:", "if t.answer is None or t.rollout_id == 'r1':"))
+    path.write_text(path.read_text().replace("if t.answer is None", "if t.rollout_id == 'r1' or t.answer is None"))
     sys.modules.pop(edited)
     assert side.score(edited, reward="exact_answer")["scored"] == 0
     meta = side.score(edited, reward="exact_answer", backfill=True)
