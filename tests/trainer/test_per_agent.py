@@ -178,3 +178,37 @@ def test_the_policy_asset_trains_every_line_and_says_which(
     assert (meta["planner/version"], meta["planner/n_transitions"]) == ("v0001", 3)
     assert (meta["solver/trained"], meta["solver/n_transitions"]) == (False, 1)  # 1 < min_new_transitions
     assert Registry(Lake(str(lake))).get("v0001")["agent"] == "planner"
+
+
+def test_every_line_starts_with_its_own_published_identity_adapter(
+    lake: Path, tiny_model_dir: Path, vllm: FakeVllm
+) -> None:
+    from trainer.initial import ensure_initial_policies
+
+    settings = load_settings(
+        environ={},
+        overrides={
+            "lake": {"root": str(lake)},
+            "model": {"base": str(tiny_model_dir)},
+            "trainer": {"agents": ["planner", "solver"], "lora_rank": 4},
+            "kafka": {"bootstrap_servers": ""},
+        },
+    )
+    first = ensure_initial_policies(settings, vllm_url=vllm.url)
+    assert first == {None: "v0001", "planner": "v0002", "solver": "v0003"}
+    loads = [(b["lora_name"], Path(b["lora_path"]).name) for p, b in vllm.requests if p == "/v1/load_lora_adapter"]
+    assert loads == [
+        ("agentlake-policy", "v0001"),
+        ("agentlake-policy-planner", "v0002"),
+        ("agentlake-policy-solver", "v0003"),
+    ]
+    registry = Registry(Lake(str(lake)))
+    assert [(r["agent"], r["served_name"]) for r in registry.rows()] == [
+        (None, "agentlake-policy"),
+        ("planner", "agentlake-policy-planner"),
+        ("solver", "agentlake-policy-solver"),
+    ]
+    # vLLM restarted: the same versions are loaded again under their names, no new ones made.
+    assert ensure_initial_policies(settings, vllm_url=vllm.url) == first
+    assert len(registry.rows()) == 3
+    assert [b["lora_name"] for p, b in vllm.requests if p == "/v1/load_lora_adapter"][3:] == [n for n, _ in loads]
