@@ -57,13 +57,20 @@ def latest_terminal_attempts(traj: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     return kept, done.height - kept.height
 
 
-def final_reward_entry(field_name: str) -> pl.Expr:
-    """A field of the reward entry `assemble` took as ``final_reward`` (the last primary, else the first)."""
+def final_reward_entry(field_name: str, reward_name: str | None = None) -> pl.Expr:
+    """A field of the reward entry `assemble` took as ``final_reward``: the last named ``reward_name``
+    (``[credit] reward``), else the last primary, else the first."""
     rewards = pl.col("rewards")
-    primary = rewards.list.eval(
-        pl.element().filter(pl.element().struct.field("name") == A.PRIMARY_REWARD_NAME).struct.field(field_name)
-    ).list.last()
-    return pl.coalesce(primary, rewards.list.first().struct.field(field_name))
+
+    def last_named(name: str) -> pl.Expr:
+        named = pl.element().filter(pl.element().struct.field("name") == name).struct.field(field_name)
+        return rewards.list.eval(named).list.last()
+
+    return pl.coalesce(
+        last_named(reward_name or A.PRIMARY_REWARD_NAME),
+        last_named(A.PRIMARY_REWARD_NAME),
+        rewards.list.first().struct.field(field_name),
+    )
 
 
 def expired(credit: CreditSettings, now: dt.datetime) -> pl.Expr:
@@ -93,7 +100,10 @@ def _with_rewards(kept: pl.DataFrame, credit: CreditSettings, now: dt.datetime, 
         kept = kept.filter(~missing | gone)
     return kept.with_columns(
         missing.alias("_default_reward"),
-        pl.when(missing).then(pl.lit("default")).otherwise(final_reward_entry("source")).alias("reward_source"),
+        pl.when(missing)
+        .then(pl.lit("default"))
+        .otherwise(final_reward_entry("source", credit.reward))
+        .alias("reward_source"),
         pl.col("final_reward").fill_null(0.0 if default == "drop" else float(default)),
         known_at(credit).alias("_order"),
     )
@@ -107,7 +117,7 @@ def known_at(credit: CreditSettings) -> pl.Expr:
     return (
         pl.when(pl.col("final_reward").is_null())
         .then(pl.col("end_time") + horizon)
-        .otherwise(pl.max_horizontal("end_time", final_reward_entry("event_time")))
+        .otherwise(pl.max_horizontal("end_time", final_reward_entry("event_time", credit.reward)))
     )
 
 

@@ -188,8 +188,9 @@ TRANSITIONS = _versioned(
         pa.field("response_logprobs", pa.list_(pa.float32())),  # behaviour logprobs; null if unknown
         pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),  # per response token; 0 = observation
         pa.field("reward", pa.float64(), nullable=False),
-        # where the rollout's final reward came from: "span" | "event" | "default" (none came within
-        # credit.reward_horizon_s: credit.missing_reward stands in); null in rows from before v3
+        # where the rollout's final reward came from: "span" | "event" | "fn:<name>@<version>" (a reward
+        # function) | "default" (none came within credit.reward_horizon_s: credit.missing_reward stands
+        # in); null in rows from before v3
         pa.field("reward_source", pa.string()),
         pa.field("return", pa.float64(), nullable=False),
         pa.field("advantage", pa.float64(), nullable=False),

@@ -56,10 +56,11 @@ class Feed:
         rec = KafkaRecord("s", 0, off, rid.encode(), encode(spans), [])
         self.lake.write("spans", decode_spans([rec])[0], txns={"kafka:s:0": off})
 
-    def reward(self, rid: str, value: float, at: dt.datetime) -> None:
+    def reward(self, rid: str, value: float, at: dt.datetime, name: str = "primary") -> None:
         """A late reward event from `/v1/rewards`, decided at ``at``."""
         off = self.offsets["r"] = self.offsets["r"] + 1
-        body = {"rollout_id": rid, "value": value, "timestamp": at.isoformat(), "event_id": f"e-{rid}"}
+        body = {"rollout_id": rid, "value": value, "timestamp": at.isoformat(), "event_id": f"e-{rid}-{name}"}
+        body["name"] = name
         row = decode_reward_event(KafkaRecord("r", 0, off, rid.encode(), json.dumps(body).encode(), []))
         self.lake.write("rewards", pa.Table.from_pylist([row], schema=REWARDS), txns={"kafka:r:0": off})
 
@@ -191,3 +192,21 @@ def test_a_transitions_table_from_before_reward_source_gains_the_column(tmp_path
         ("r0", "span", 0.0),
         ("r1", "default", 1.0),
     ]
+
+
+def test_the_reward_source_is_that_of_the_reward_credit_chose(tmp_path: Path) -> None:
+    from pipelines.identity import resolve_rollouts
+    from pipelines.trajectories import assemble
+    from pipelines.transitions import build
+
+    feed = Feed(tmp_path / "lake", CreditSettings())
+    feed.rollout("r1", T0, reward=1.0)  # a primary reward span
+    feed.reward("r1", 0.25, T0 + HOUR, name="judge")
+    spans = resolve_rollouts(pl.read_delta(feed.lake.uri("spans")))
+    events = pl.read_delta(feed.lake.uri("rewards"))
+    for chosen, reward, source in [(None, 1.0, "span"), ("judge", 0.25, "event")]:
+        traj = pl.from_arrow(assemble(spans, events, now=T0 + 2 * HOUR, idle_timeout_s=1e9, reward_name=chosen))
+        assert isinstance(traj, pl.DataFrame)
+        out = pl.from_arrow(build(traj, CreditSettings(reward=chosen), now=T0 + 2 * HOUR).table)
+        assert isinstance(out, pl.DataFrame)
+        assert out.select("reward", "reward_source").rows() == [(reward, source)]
