@@ -37,8 +37,9 @@ from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
 from trainer.data import TransitionData, read_transitions
 from trainer.errors import RegistryError, TrainerError
+from trainer.line_staleness import split_stale_in_line
 from trainer.lineage import Lineage, recorded_credit
-from trainer.offpolicy import split_stale, with_skipped
+from trainer.offpolicy import with_skipped
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,9 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any)
         )
         parent = None
     current = parent["version"] if parent else None  # the policy the round starts from: on-policy rows are its
-    rows, skipped = split_stale(data.rows, current_version=current, max_staleness=cfg.max_staleness)
+    rows, skipped = split_stale_in_line(
+        data.rows, registry=registry, line=line, current_version=current, max_staleness=cfg.max_staleness
+    )
     if skipped:
         log.warning(
             "skipped %d transitions more than %s versions behind %s: %s",
