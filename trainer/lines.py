@@ -8,8 +8,9 @@ rows and leaves the others' versions alone. The gateway routes a call to ``agent
 names a listed agent (``x-agentlake-agent``) to that agent's line. Unset: one line, the single policy
 ``model.served_name``, trained on every agent's rows, exactly as before.
 
-vLLM must hold every line's adapter at once: ``--max-loras`` (in ``vllm.extra_args``) at least the
-number of lines, else adapters swap in and out between batches (``max_loras_warning``).
+vLLM should hold every served adapter at once, each line's and the single policy's (which the agents
+not listed keep calling): ``--max-loras`` (in ``vllm.extra_args``) at least the number of agents plus
+one, else vLLM (default 1) swaps adapters in and out between batches (``max_loras_warning``).
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def count_pending_lines(settings: Settings, **overrides: Any) -> tuple[int, int 
 
 
 def max_loras_warning(settings: Settings) -> str | None:
-    """Why vLLM would not hold every line's adapter at once, or None when it will."""
-    lines = len(settings.trainer.agents)
-    if lines <= 1:
+    """Why vLLM would not hold every served adapter (each line's and the single policy's) at once, or None."""
+    if not settings.trainer.agents:
         return None
+    lines = len(settings.trainer.agents) + 1
     args = list(settings.vllm.extra_args)
     given = None
     for i, arg in enumerate(args):
@@ -69,6 +70,6 @@ def max_loras_warning(settings: Settings) -> str | None:
     if given is not None and given.isdigit() and int(given) >= lines:
         return None
     return (
-        f"{lines} policy lines (trainer.agents) but vLLM holds {given or 1} LoRA(s) per batch: "
+        f"{lines} served adapters (trainer.agents and the single policy) but vLLM holds {given or 1} per batch: "
         f'add "--max-loras", "{lines}" to vllm.extra_args'
     )

@@ -149,10 +149,10 @@ def test_agent_names_must_make_served_names(lake: Path, tiny_model_dir: Path) ->
 def test_vllm_must_hold_every_lines_adapter(lake: Path, tiny_model_dir: Path) -> None:
     settings = _settings(lake, tiny_model_dir, ["planner", "solver"])
     warning = max_loras_warning(settings)
-    assert warning is not None and '"--max-loras", "2"' in warning
-    settings.vllm.extra_args = ["--max-loras", "2"]
+    assert warning is not None and '"--max-loras", "3"' in warning  # two lines and the single policy
+    settings.vllm.extra_args = ["--max-loras", "3"]
     assert max_loras_warning(settings) is None
-    settings.vllm.extra_args = ["--max-loras=1"]
+    settings.vllm.extra_args = ["--max-loras=2"]
     assert max_loras_warning(settings) is not None
     assert max_loras_warning(_settings(lake, tiny_model_dir, [])) is None
 
