@@ -84,5 +84,10 @@ def ensure_initial_policy(settings: Settings, *, vllm_url: str | None = None, ag
 def ensure_initial_policies(settings: Settings, *, vllm_url: str | None = None) -> dict[str | None, str]:
     """The single policy and every listed agent's line (``trainer.agents``), each with a published
     version; line (None: the single policy) -> its serving version."""
+    from trainer.lines import max_loras_warning
+
+    warning = max_loras_warning(settings)
+    if warning:
+        log.warning(warning)
     lines: list[str | None] = [None, *settings.trainer.agents]
     return {line: ensure_initial_policy(settings, vllm_url=vllm_url, agent=line) for line in lines}

@@ -15,11 +15,14 @@ one, else vLLM (default 1) swaps adapters in and out between batches (``max_lora
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from schemas.agent_filter import matching_agents
 from schemas.config import Settings, policy_served_name
 from trainer.round import RoundResult, count_pending, train_once
+
+log = logging.getLogger(__name__)
 
 SINGLE: list[str | None] = [None]
 
@@ -39,6 +42,9 @@ def train_lines(settings: Settings, *, force: bool = False, **overrides: Any) ->
 
     An ``agent`` override (``agentlake train --agent``) picks the lines whose agent its glob matches;
     without listed agents it filters the single policy's rows, as it always did."""
+    warning = max_loras_warning(settings)
+    if warning:
+        log.warning(warning)
     lines = policy_lines(settings)
     if settings.trainer.agents and overrides.get("agent") is not None:
         chosen = matching_agents(overrides.pop("agent"), settings.trainer.agents)
