@@ -23,8 +23,9 @@ from dagster import (
 )
 
 from pipelines.assets.policy import GPU_TAGS
+from pipelines.incremental import horizon_due
 from pipelines.ingest import app_id, end_offsets_hint, positions
-from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+from pipelines.resources import CreditResource, KafkaResource, LakeResource, TrainerResource
 from pipelines.retention import maintain
 from schemas.config import Settings
 from schemas.lake import Lake
@@ -87,10 +88,13 @@ def records_at(consumer: Any, topic: str, starts: dict[int, int], *, timeout_s: 
     minimum_interval_seconds=15,
     default_status=DefaultSensorStatus.RUNNING,
     description=(
-        "Starts one run of bronze -> silver -> gold when the span or reward topic has records the lake does not hold."
+        "Starts one run of bronze -> silver -> gold when the span or reward topic has records the lake does not "
+        "hold, or when rollouts waiting for a reward passed the reward horizon."
     ),
 )
-def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: LakeResource) -> SensorResult:
+def kafka_sensor(
+    context: SensorEvaluationContext, kafka: KafkaResource, lake: LakeResource, credit: CreditResource
+) -> SensorResult:
     k = kafka.settings()
     the_lake = lake.lake()
     with kafka.consumer() as consumer:
@@ -111,6 +115,10 @@ def kafka_sensor(context: SensorEvaluationContext, kafka: KafkaResource, lake: L
     }
     cursor = json.dumps(now, sort_keys=True)
     if not new:
+        # no new data, but rollouts waiting for a reward may have passed `credit.reward_horizon_s`
+        due = horizon_due(the_lake, credit.settings())
+        if due is not None:
+            return SensorResult(run_requests=[RunRequest(run_key=f"horizon-{due}")], cursor=cursor)
         return SensorResult(skip_reason=SkipReason("no new records"), cursor=cursor)
     key = hashlib.sha1(json.dumps([now, committed], sort_keys=True).encode()).hexdigest()[:16]
     return SensorResult(run_requests=[RunRequest(run_key=key)], cursor=cursor)

@@ -73,6 +73,7 @@ def update_trajectories(
     kafka: KafkaSettings,
     *,
     idle_timeout_s: float,
+    reward_name: str | None = None,
     now: dt.datetime | None = None,
     chunk_rollouts: int = 10_000,
 ) -> StepResult:
@@ -117,7 +118,9 @@ def update_trajectories(
         events = empty_rewards()
         if rewards is not None and rows.height:
             events = _events_of(rewards, rows, chunk)
-        table = assemble(rows, events, now=now, idle_timeout_s=idle_timeout_s, updated_at=stamp)
+        table = assemble(
+            rows, events, now=now, idle_timeout_s=idle_timeout_s, updated_at=stamp, reward_name=reward_name
+        )
         stamp += dt.timedelta(microseconds=1)
         kept = zip(table.column("tenant").to_pylist(), table.column("rollout_id").to_pylist(), strict=True)
         removed = sorted(set(chunk) - set(kept))

@@ -46,7 +46,9 @@ def replay(
     if forgets:
         out["forgotten_bronze"] = honour(lake, forgets, only=BRONZE)
     out["span_rewards"] = extract_span_rewards(lake, k.spans_topic)
-    out["trajectories"] = update_trajectories(lake, k, idle_timeout_s=settings.credit.idle_timeout_s)
+    out["trajectories"] = update_trajectories(
+        lake, k, idle_timeout_s=settings.credit.idle_timeout_s, reward_name=settings.credit.reward
+    )
     tokens = retokenizer or policy_retokenizer(settings)
     out["transitions"] = update_transitions(lake, settings.credit, retokenizer=tokens)
     if deletions:

@@ -121,13 +121,17 @@ def known_at(credit: CreditSettings) -> pl.Expr:
     )
 
 
-def _step_rewards(rollout: dict[str, Any], ends: list[int]) -> tuple[list[float | None], bool]:
-    """Per-call rewards by first-occurrence matching, and whether the final reward found a call."""
+def _step_rewards(
+    rollout: dict[str, Any], ends: list[int], reward_name: str | None = None
+) -> tuple[list[float | None], bool]:
+    """Per-call rewards by first-occurrence matching, and whether the final reward (the last named
+    ``reward_name``, else the last primary, else the first: as ``final_reward_entry``) found a call."""
     rewards = rollout["rewards"] or []
     times = [int(r["event_time"].timestamp() * 1e6) for r in rewards]
     assigned = match_first_occurrence(ends, times)
+    chosen = [i for i, r in enumerate(rewards) if reward_name and r["name"] == reward_name]
     primaries = [i for i, r in enumerate(rewards) if r["name"] == A.PRIMARY_REWARD_NAME]
-    final_idx = primaries[-1] if primaries else 0
+    final_idx = (chosen or primaries or [0])[-1]
     values = [None if j is None else float(rewards[j]["value"]) for j in assigned]
     return values, final_idx in assigned
 
@@ -258,7 +262,7 @@ def build(
         step_rewards: list[float | None] = []
         final_matched: dict[str, bool] = {}
         for attempt, e in ends.iter_rows():
-            m, fm = _step_rewards(by_attempt[attempt], list(e))
+            m, fm = _step_rewards(by_attempt[attempt], list(e), credit.reward)
             step_rewards.extend(m)
             final_matched[attempt] = fm
         calls = calls.with_columns(

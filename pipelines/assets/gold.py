@@ -4,6 +4,7 @@ import time
 
 from dagster import AssetExecutionContext, AutomationCondition, MaterializeResult, asset
 
+from pipelines.assets.reward_functions import reward_functions
 from pipelines.assets.silver import trajectories
 from pipelines.incremental import update_transitions
 from pipelines.resources import CreditResource, LakeResource, TokenizerResource
@@ -11,7 +12,7 @@ from pipelines.resources import CreditResource, LakeResource, TokenizerResource
 
 @asset(
     group_name="gold",
-    deps=[trajectories],
+    deps=[trajectories, reward_functions],
     automation_condition=AutomationCondition.eager() & AutomationCondition.all_deps_blocking_checks_passed(),
     description="One row per LLM call of a finished trajectory, with reward, return and advantage.",
 )

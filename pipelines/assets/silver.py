@@ -26,7 +26,8 @@ def trajectories(
     context: AssetExecutionContext, lake: LakeResource, kafka: KafkaResource, credit: CreditResource
 ) -> MaterializeResult:
     t0 = time.perf_counter()
-    res = update_trajectories(lake.lake(), kafka.settings(), idle_timeout_s=credit.settings().idle_timeout_s)
+    c = credit.settings()
+    res = update_trajectories(lake.lake(), kafka.settings(), idle_timeout_s=c.idle_timeout_s, reward_name=c.reward)
     context.log.info(f"trajectories: {res.rollouts} rollouts re-assembled")
     meta = res.metadata()
     meta["seconds"] = round(time.perf_counter() - t0, 3)

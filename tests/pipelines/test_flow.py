@@ -63,7 +63,9 @@ def test_otel_spans_to_transitions(settings: Settings, tmp_path) -> None:
     # the sensor sees new records and asks for a run
     res = resources_from_settings(settings)
     with DagsterInstance.ephemeral() as instance:
-        ctx = build_sensor_context(instance=instance, resources={"kafka": res["kafka"], "lake": res["lake"]})
+        ctx = build_sensor_context(
+            instance=instance, resources={"kafka": res["kafka"], "lake": res["lake"], "credit": res["credit"]}
+        )
         first = kafka_sensor(ctx)
         assert first.run_requests, "new records must start ingestion"
 
@@ -94,7 +96,9 @@ def test_otel_spans_to_transitions(settings: Settings, tmp_path) -> None:
     # after ingestion the sensor has nothing new to ask for
     with DagsterInstance.ephemeral() as instance:
         ctx = build_sensor_context(
-            instance=instance, cursor=first.cursor, resources={"kafka": res["kafka"], "lake": res["lake"]}
+            instance=instance,
+            cursor=first.cursor,
+            resources={"kafka": res["kafka"], "lake": res["lake"], "credit": res["credit"]},
         )
         assert not kafka_sensor(ctx).run_requests
 
@@ -183,3 +187,46 @@ def test_credit_modes_on_real_trajectories(
     assert got["return"].to_list() == pytest.approx(returns)
     assert got["group_id"].to_list() == ["solo", "solo"]
     assert set(TERMINAL) >= set(traj["status"])
+
+
+def run_unrewarded(settings: Settings) -> None:
+    """Materialize everything; the reward-coverage check warns here (a rollout without reward is the point)."""
+    result = materialize([*all_assets, *all_checks], resources=resources_from_settings(settings))
+    assert result.success
+    failed = {ev.check_name for ev in result.get_asset_check_evaluations() if not ev.passed}
+    assert failed <= {"reward_coverage"}, failed
+
+
+def test_the_sensor_runs_the_lake_when_a_reward_horizon_passes_without_new_records(settings: Settings) -> None:
+    """A rollout that never gets its reward is settled when its horizon passes, though no record arrives."""
+    settings.credit.reward_horizon_s = 5.0
+    settings.credit.missing_reward = 0.0
+    k = settings.kafka
+    old = Rollout("r-quiet", task_id="t", calls=two_calls(1), final_reward=None, t0_ns=1_700_000_000 * 10**9)
+    produce(k, k.spans_topic, [span_record(make_spans(old), key=old.rollout_id)])
+    res = resources_from_settings(settings)
+    resources = {"kafka": res["kafka"], "lake": res["lake"], "credit": res["credit"]}
+    with DagsterInstance.ephemeral() as instance:
+        first = kafka_sensor(build_sensor_context(instance=instance, resources=resources))
+        assert [r.run_key for r in first.run_requests] and not first.run_requests[0].run_key.startswith("horizon")
+    run_unrewarded(settings)  # ingests; the rollout ended long ago, so this very run settles it with the default reward
+    assert table(lake_of(settings), "transitions")["reward_source"].to_list() == ["default", "default"]
+    with DagsterInstance.ephemeral() as instance:
+        again = kafka_sensor(build_sensor_context(instance=instance, cursor=first.cursor, resources=resources))
+        assert not again.run_requests, "settled once, nothing due"
+
+    # Without a horizon at ingestion time it waits; a horizon set later makes the sensor ask for a run
+    later = settings.model_copy(deep=True)
+    later.lake.root = settings.lake.root + "-2"
+    later.credit.reward_horizon_s = None
+    run_unrewarded(later)
+    assert lake_of(later).table("transitions") is None or table(lake_of(later), "transitions").height == 0
+    later.credit.reward_horizon_s = 5.0
+    res2 = resources_from_settings(later)
+    resources2 = {"kafka": res2["kafka"], "lake": res2["lake"], "credit": res2["credit"]}
+    with DagsterInstance.ephemeral() as instance:
+        seen = kafka_sensor(build_sensor_context(instance=instance, resources=resources2)).cursor
+        due = kafka_sensor(build_sensor_context(instance=instance, cursor=seen, resources=resources2))
+        assert [r.run_key[:8] for r in due.run_requests] == ["horizon-"]
+    run_unrewarded(later)
+    assert table(lake_of(later), "transitions")["reward_source"].to_list() == ["default", "default"]

@@ -38,7 +38,7 @@ def test_the_running_baseline_advances_once_per_rollout_however_often_its_group_
         update_trajectories(lake, KAFKA, idle_timeout_s=1e9, now=NOW)
         update_transitions(lake, credit, now=NOW)
     saved = json.loads(_saved_baseline(lake) or "{}")
-    assert saved["count"] == len(rewards)
+    assert saved["agents"]["default"]["solver"]["count"] == len(rewards)
     incremental = pl.read_delta(lake.uri("transitions")).sort("rollout_id")
     # each rollout was compared with the baseline of the rollouts before it, as it arrived
     assert incremental["baseline"].to_list() == [0.0, 1.0, 0.5, 2 / 3]

@@ -91,7 +91,7 @@ def test_merge_agent_filter_and_drop_counts() -> None:
     long = build(traj, CreditSettings(max_tokens=2, advantage="none"), now=dt.datetime.now(dt.UTC))
     assert long.dropped["too_long"] == 2
     unrewarded = build(traj_of(Rollout("m3", calls=calls[:1])), CreditSettings(), now=dt.datetime.now(dt.UTC))
-    assert unrewarded.dropped == {"no_reward": 1}
+    assert unrewarded.dropped == {"no_reward_waiting": 1}
 
 
 def test_definitions_load() -> None:
@@ -102,7 +102,7 @@ def test_definitions_load() -> None:
     defs = pipelines.defs
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"spans", "rewards", "trajectories", "transitions", "policy"}
+    assert keys == {"spans", "rewards", "trajectories", "transitions", "reward_functions", "policy"}
     assert {defs.resolve_job_def(n).name for n in ("ingest", "lake", "train", "maintenance_job")}
     assert defs.get_sensor_def("kafka_sensor") and defs.get_schedule_def("maintenance_job_schedule")
     assert defs.get_sensor_def("enough_transitions_sensor") and defs.get_schedule_def("train_on_schedule")

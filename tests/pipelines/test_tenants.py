@@ -215,7 +215,7 @@ def test_the_running_baseline_is_kept_per_tenant(settings: Settings) -> None:
     from pipelines.incremental import _saved_baseline
 
     saved = TenantBaselines.from_json(_saved_baseline(tenants.lake))
-    assert (saved.of(A).count, saved.of(B).count) == (2, 2)
+    assert (saved.of(A, "solver").count, saved.of(B, "solver").count) == (2, 2)
 
 
 def test_a_policy_trains_on_the_tenants_its_settings_name(tenants: Tenants, tmp_path: Path) -> None:
