@@ -6,6 +6,10 @@ collectors.gateway.recording makes of the request, and relays the answer: whole,
 line as it comes. The recording module decides what the call becomes; this one only moves bytes.
 Upstream errors pass through unchanged; an unreachable upstream is 502, a slow one 504.
 
+The agent a call is for (the ``x-agentlake-agent`` header) is recorded on its span; when that agent
+has a policy line of its own (``trainer.agents``), a call to ``model.served_name`` is sent to the
+line's adapter, ``<served_name>-<agent>`` (``recording.route_model``), and records that line's version.
+
 ``pause`` answers new calls 429 + Retry-After while in-flight calls finish, so weights can be
 swapped under a quiet server. A rollout that only the gateway sees (the client names it by header
 or ``/rollout/{id}/`` path and sends no ``traceparent``) has no root span of its own, so it runs
