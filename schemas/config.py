@@ -21,7 +21,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -467,7 +467,7 @@ class CreditSettings(_Section):
     # a number, the reward it is trained with (its rows say reward_source = "default"; a real reward
     # that comes later replaces it).
     reward_horizon_s: float | None = Field(None, ge=0)
-    missing_reward: Literal["drop"] | float = "drop"
+    missing_reward: Literal["drop"] | Annotated[float, Field(allow_inf_nan=False)] = "drop"
     # Lake-side reward functions (``agentlake.reward_fn``): the modules that define them, imported by the
     # `reward_functions` asset; and which reward name drives ``final_reward`` (None: the one named
     # "primary", else the first), e.g. "exact_answer" to train on what such a function scores.

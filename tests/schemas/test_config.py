@@ -89,3 +89,12 @@ def test_bad_env_is_named(env: dict[str, str], needles: list[str]) -> None:
 def test_missing_explicit_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml", environ={})
+
+
+def test_missing_reward_is_drop_or_a_finite_number() -> None:
+    from schemas.config import CreditSettings
+
+    assert CreditSettings(missing_reward=-1.0).missing_reward == -1.0
+    for bad in ("nan", float("inf"), "skip"):
+        with pytest.raises(ValueError):
+            CreditSettings(missing_reward=bad)
