@@ -3,16 +3,20 @@
 Each line starts from a fresh adapter (the base policy) published under its own name; the planner's
 line is then trained on data rewarding an odd answer and republished. Greedy decoding under the
 planner's name changes; under the solver's name and the base's it does not: one vLLM serves both
-lines, and training one line leaves the other's version and outputs alone.
+lines, and training one line leaves the other's version and outputs alone. Last, both agents call the one
+served name through the gateway; the x-agentlake-agent header picks the line, as the recorded versions show.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
 import pytest
 
+from schemas import attributes as A
+from schemas.config import load_settings
 from schemas.lake import Lake
 from tests.fixtures_vllm import VllmServer
 from tests.trainer.helpers import transition, write_transitions
@@ -29,6 +33,40 @@ PROMPT = "The capital of France is"
 TARGET = " banana banana banana banana"
 SERVED = "agentlake-e2e-lines"  # lines are served as agentlake-e2e-lines-<agent>
 AGENTS = ("planner", "solver")
+
+
+async def _through_gateway(vllm_url: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Each agent's completion of PROMPT through a gateway to ``vllm_url`` naming only ``SERVED``, and
+    the policy version its recorded span carries."""
+    from collectors.gateway.proxy import Gateway
+    from collectors.gateway.routes import create_app
+    from collectors.sink import MemorySink
+    from tests.collectors.test_gateway import settle, spans
+
+    settings = load_settings(
+        environ={},
+        overrides={
+            "gateway": {"upstreams": [vllm_url]},
+            "model": {"served_name": SERVED},
+            "trainer": {"agents": list(AGENTS)},
+        },
+    )
+    gateway = Gateway(settings, MemorySink())
+    answers: dict[str, str] = {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(gateway)), base_url="http://gw") as c:
+        for agent in AGENTS:
+            r = await c.post(
+                "/v1/completions",
+                json={"model": SERVED, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0},
+                headers={"x-agentlake-agent": agent},
+                timeout=120,
+            )
+            assert r.status_code == 200, r.text
+            answers[agent] = r.json()["choices"][0]["text"]
+    await settle(gateway)
+    recorded = {s["attrs"][A.AGENT_NAME]: s["attrs"][A.LLM_POLICY_VERSION] for s in spans(gateway.sink)}
+    await gateway.close()
+    return answers, recorded
 
 
 @pytest.mark.slow
@@ -98,6 +136,11 @@ def test_two_lines_are_served_by_one_vllm_and_move_apart(vllm_server: VllmServer
         assert client.complete(vllm_server.served_name, PROMPT, max_tokens=8) == base_text
         assert reg.serving(agent="solver")["version"] == "v0002"  # type: ignore[index]
         assert reg.serving(agent="planner")["version"] == "v0003"  # type: ignore[index]
+
+        # Through the gateway: both agents call the single served name; the header picks the line.
+        answers, policies = asyncio.run(_through_gateway(vllm_server.url))
+        assert "banana" in answers["planner"] and answers["solver"] == base_text
+        assert policies == {"planner": f"{SERVED}-planner@v0003", "solver": f"{SERVED}-solver@v0002"}
     finally:
         for agent in AGENTS:
             httpx.post(f"{vllm_server.url}/v1/unload_lora_adapter", json={"lora_name": f"{SERVED}-{agent}"}, timeout=30)
