@@ -145,11 +145,11 @@ nightly_maintenance = ScheduleDefinition(
 
 
 def new_transitions(settings: Settings) -> tuple[int, int | None]:
-    """(transitions no version trained on yet, newest table version): what the next round would take."""
-    from trainer.config import config_from_settings
-    from trainer.round import count_pending
+    """(transitions no version trained on yet, newest table version): what the next round would take
+    (with policy lines per agent, ``trainer.agents``: the most any line's round would take)."""
+    from trainer.lines import count_pending_lines
 
-    return count_pending(config_from_settings(settings))
+    return count_pending_lines(settings)
 
 
 @sensor(

@@ -62,12 +62,15 @@ def count_pending_lines(settings: Settings, **overrides: Any) -> tuple[int, int 
 
 
 def max_loras_warning(settings: Settings) -> str | None:
-    """Why vLLM would not hold every served adapter (each line's and the single policy's) at once, or None."""
+    """Why vLLM would not hold every served adapter (each line's and the single policy's) at once, or None.
+
+    Without ``--max-loras`` in ``vllm.extra_args`` the stack passes enough (``agentlake.stack.vllm``);
+    one given there is the operator's and is checked."""
     if not settings.trainer.agents:
         return None
     lines = len(settings.trainer.agents) + 1
     args = list(settings.vllm.extra_args)
-    given = None
+    given = None if any(a == "--max-loras" or a.startswith("--max-loras=") for a in args) else str(lines)
     for i, arg in enumerate(args):
         if arg.startswith("--max-loras="):
             given = arg.split("=", 1)[1]

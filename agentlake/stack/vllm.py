@@ -152,6 +152,10 @@ def vllm_argv(settings: Settings, model_path: Path, *, port: int, gpu: bool) -> 
         # fp32 on CPU: the same numbers the trainer computes its logprobs with, so importance
         # ratios start at 1; a 135M model is memory-light either way.
         argv += ["--dtype", "float32"]
+    given = any(a == "--max-loras" or a.startswith("--max-loras=") for a in cfg.extra_args)
+    if settings.trainer.agents and not given:
+        # one adapter per policy line (trainer.agents) and the single policy, all served at once
+        argv += ["--max-loras", str(len(settings.trainer.agents) + 1)]
     return [*argv, *cfg.extra_args]
 
 

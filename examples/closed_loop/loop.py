@@ -184,7 +184,7 @@ def run_closed_loop(
     ``on_step`` gets each step once (a log line); ``on_progress`` gets counts within a step (a status line).
     """
     from agentlake.stack.vllm import ensure_vllm_venv
-    from trainer.initial import ensure_initial_policy
+    from trainer.initial import ensure_initial_policies
     from trainer.model_store import ensure_model
 
     started = time.monotonic()
@@ -201,7 +201,7 @@ def run_closed_loop(
     bootstrap = local.bootstrap_servers(settings)
     assert bootstrap is not None
     on_step("publishing the initial policy")
-    ensure_initial_policy(settings)
+    ensure_initial_policies(settings)
 
     import agentlake
 

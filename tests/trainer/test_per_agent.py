@@ -147,14 +147,22 @@ def test_agent_names_must_make_served_names(lake: Path, tiny_model_dir: Path) ->
 
 
 def test_vllm_must_hold_every_lines_adapter(lake: Path, tiny_model_dir: Path) -> None:
+    from agentlake.stack.vllm import vllm_argv
+
     settings = _settings(lake, tiny_model_dir, ["planner", "solver"])
+    # the stack starts vLLM with room for two lines and the single policy
+    argv = vllm_argv(settings, tiny_model_dir, port=1, gpu=False)
+    assert argv[argv.index("--max-loras") + 1] == "3" and max_loras_warning(settings) is None
+    settings.vllm.extra_args = ["--max-loras=2"]  # the operator's own value is kept, and flagged when too small
+    assert "--max-loras" not in vllm_argv(settings, tiny_model_dir, port=1, gpu=False)
     warning = max_loras_warning(settings)
-    assert warning is not None and '"--max-loras", "3"' in warning  # two lines and the single policy
+    assert warning is not None and '"--max-loras", "3"' in warning
     settings.vllm.extra_args = ["--max-loras", "3"]
     assert max_loras_warning(settings) is None
-    settings.vllm.extra_args = ["--max-loras=2"]
-    assert max_loras_warning(settings) is not None
-    assert max_loras_warning(_settings(lake, tiny_model_dir, [])) is None
+    single = _settings(lake, tiny_model_dir, [])
+    assert max_loras_warning(single) is None and "--max-loras" not in vllm_argv(
+        single, tiny_model_dir, port=1, gpu=False
+    )
 
 
 def test_the_policy_asset_trains_every_line_and_says_which(
