@@ -91,6 +91,20 @@ def make_agent(client: AsyncOpenAI, model: str, *, temperature: float, max_token
     )
 
 
+async def solve_turns(turn_agent: Agent, history: list[Any], result: RolloutResult, *, max_turns: int) -> list[Any]:
+    """Turns of calculator use until a final answer (in ``result``) or ``max_turns``; the history after them."""
+    for _ in range(max_turns):
+        run = await Runner.run(turn_agent, history, max_turns=1)
+        result.calls += 1
+        history = run.to_input_list()
+        reply = parse_reply(str(run.final_output or ""))
+        if reply.answer is not None:
+            result.answer = reply.answer
+            break
+        history.append({"role": "user", "content": respond(reply)})
+    return history
+
+
 async def run_rollout(agent: Agent, task: MathTask, *, max_turns: int = 4) -> RolloutResult:
     """One task inside ``agentlake.rollout``; the reward is 1 for the exact final answer, else 0."""
     with agentlake.rollout(task_id=task.task_id, agent_name=AGENT_NAME) as r:
@@ -100,15 +114,7 @@ async def run_rollout(agent: Agent, task: MathTask, *, max_turns: int = 4) -> Ro
         turn_agent = agent.clone(model_settings=settings)
         history: list[Any] = [*WORKED_EXAMPLE, {"role": "user", "content": task.question}]
         with agents_trace("math rollout", group_id=r.rollout_id):
-            for _ in range(max_turns):
-                run = await Runner.run(turn_agent, history, max_turns=1)
-                result.calls += 1
-                history = run.to_input_list()
-                reply = parse_reply(str(run.final_output or ""))
-                if reply.answer is not None:
-                    result.answer = reply.answer
-                    break
-                history.append({"role": "user", "content": respond(reply)})
+            history = await solve_turns(turn_agent, history, result, max_turns=max_turns)
         result.reward = 1.0 if is_correct(result.answer, task.answer) else 0.0
         r.emit_reward(result.reward)
         result.transcript = history

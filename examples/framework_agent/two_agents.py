@@ -21,8 +21,8 @@ from openai import AsyncOpenAI
 
 import agentlake
 from examples.common import ROLLOUT_HEADER
-from examples.framework_agent.agent import RolloutResult, make_agent, make_client
-from examples.math_agent.calculator import is_correct, parse_reply, respond
+from examples.framework_agent.agent import RolloutResult, make_agent, make_client, solve_turns
+from examples.math_agent.calculator import is_correct
 from examples.math_agent.tasks import WORKED_EXAMPLE, MathTask
 
 PLANNER, SOLVER = "planner", "solver"
@@ -67,15 +67,7 @@ async def run_rollout(planner: Agent, solver: Agent, task: MathTask, *, max_turn
             r.agent_name = SOLVER
             turn_agent = _as(solver, SOLVER, r.rollout_id)
             history: list[Any] = [*WORKED_EXAMPLE, {"role": "user", "content": f"{task.question}\nPlan: {plan}"}]
-            for _ in range(max_turns):
-                run = await Runner.run(turn_agent, history, max_turns=1)
-                result.calls += 1
-                history = run.to_input_list()
-                reply = parse_reply(str(run.final_output or ""))
-                if reply.answer is not None:
-                    result.answer = reply.answer
-                    break
-                history.append({"role": "user", "content": respond(reply)})
+            history = await solve_turns(turn_agent, history, result, max_turns=max_turns)
         result.reward = 1.0 if is_correct(result.answer, task.answer) else 0.0
         r.emit_reward(result.reward)
         result.transcript = history
