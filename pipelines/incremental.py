@@ -454,6 +454,8 @@ def horizon_due(lake: Lake, credit: CreditSettings, *, now: dt.datetime | None =
     """Whether a transitions run is due with no new data: the new expiry mark (epoch us) when a finished
     rollout without a reward passed its horizon since the last run, else None. For a sensor: run the
     gold step (its run key the mark) and each such rollout is dropped or given the default once."""
+    if not credit.reward_horizon_s:  # the default: nothing ever lapses, so no table is opened per sensor tick
+        return None
     table = lake.table("trajectories")
     if table is None:
         return None
