@@ -236,8 +236,10 @@ def score_trajectories(
     and a crash in between redoes the chunks already written, finding nothing to change there.
     """
     res = ScoreResult()
+    if not fns:  # none named in settings (the default): nothing to read
+        return res
     traj_dt = lake.pin("trajectories") if lake.table("trajectories") is not None else None
-    if traj_dt is None or not fns:
+    if traj_dt is None:
         return res
     sources = [source_of(f) for f in fns]
     choice = zlib.crc32((chosen or "").encode())
