@@ -81,15 +81,22 @@ def chat_turn(
 
 
 @contextmanager
-def rollout_span(tracer: trace.Tracer, result: RolloutResult, agent_name: str) -> Iterator[None]:
+def rollout_span(
+    tracer: trace.Tracer, result: RolloutResult, agent_name: str, *, reward_span: bool = True
+) -> Iterator[None]:
     """The ``agentlake.rollout`` root span around one rollout, ended by a reward span of ``result.reward``.
 
     The reward is read when the block ends, so set it inside. If the block raises, the root span
-    records the error and ends with neither a reward nor a ``finished`` status.
+    records the error and ends with neither a reward nor a ``finished`` status. ``reward_span=False``:
+    the trace ends without one, as in production, where the reward is posted later (or never) to
+    the collector's ``/v1/rewards`` by whoever learns it.
     """
     ids = {attr.ROLLOUT_ID: result.rollout_id, attr.TASK_ID: result.task_id, attr.AGENT_NAME: agent_name}
     with tracer.start_as_current_span(attr.ROLLOUT_SPAN_NAME, attributes=ids) as root:
         yield
+        if not reward_span:
+            root.set_attribute(attr.ROLLOUT_STATUS, "finished")
+            return
         reward = {attr.REWARD_VALUE: result.reward, attr.REWARD_NAME: attr.PRIMARY_REWARD_NAME}
         with tracer.start_as_current_span(attr.REWARD_SPAN_NAME, attributes={**ids, **reward}):
             pass

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -21,6 +22,27 @@ import agentlake
 from agentlake.cli.app import ConfigOption, app, err_console
 
 DEMO_MODULE = "examples.closed_loop"
+# The demo's own choices and help (examples/closed_loop/__main__.py; a test keeps the two in step).
+
+
+class DemoAgent(StrEnum):
+    math = "math"
+    sql = "sql"
+
+
+class Traffic(StrEnum):
+    grouped = "grouped"
+    production = "production"
+
+
+AGENT_HELP = "Which example agent learns: math (calculator tool) or sql (text-to-SQL over a shop database)."
+TRAFFIC_HELP = (
+    "grouped: each task --samples times, its reward in the trace (GRPO). production: every task once, "
+    "rewards posted late by another process, one in five never, a running baseline."
+)
+
+AgentOption = typer.Option(DemoAgent.math, help=AGENT_HELP)
+TrafficOption = typer.Option(Traffic.grouped, help=TRAFFIC_HELP)
 
 
 def checkout_root() -> Path | None:
@@ -32,12 +54,23 @@ def checkout_root() -> Path | None:
 
 
 def demo_argv(
-    *, smoke: bool, rounds: int, tasks: int, samples: int, eval_tasks: int, seed: int, lr: float, config: str | None
+    *,
+    smoke: bool,
+    rounds: int,
+    tasks: int,
+    samples: int,
+    eval_tasks: int,
+    seed: int,
+    lr: float,
+    config: str | None,
+    agent: str = "math",
+    traffic: str = "grouped",
 ) -> list[str]:
     """The demo module's command line for these options (``-P``: the working directory stays off its path)."""
     argv = [sys.executable, "-P", "-m", DEMO_MODULE]
     argv += ["--rounds", str(rounds), "--tasks", str(tasks), "--samples", str(samples)]
     argv += ["--eval-tasks", str(eval_tasks), "--seed", str(seed), "--lr", repr(lr)]
+    argv += ["--agent", agent, "--traffic", traffic]
     if smoke:
         argv.append("--smoke")
     if config is not None:
@@ -74,6 +107,8 @@ def demo(
     eval_tasks: int = typer.Option(32, min=1, help="Held-out tasks scored before and after (2 samples each)."),
     seed: int = typer.Option(0),
     lr: float = typer.Option(3e-4, help="LoRA learning rate for the demo's rounds."),
+    agent: DemoAgent = AgentOption,
+    traffic: Traffic = TrafficOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Run the closed loop: agents act, Dagster trains, vLLM serves the new policy; stop everything after."""
@@ -94,5 +129,7 @@ def demo(
         seed=seed,
         lr=lr,
         config=config,
+        agent=agent.value,
+        traffic=traffic.value,
     )
     raise typer.Exit(run_demo(argv, root))

@@ -18,6 +18,11 @@ from schemas.config import Settings, load_settings
 from schemas.errors import AgentlakeError
 
 console = Console()
+AGENT_HELP = "Which example agent learns: math (calculator tool) or sql (text-to-SQL over a shop database)."
+TRAFFIC_HELP = (
+    "grouped: each task --samples times, its reward in the trace (GRPO). production: every task once, "
+    "rewards posted late by another process, one in five never, a running baseline."
+)
 err_console = Console(stderr=True)
 
 
@@ -43,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4, help="LoRA learning rate for the demo's rounds.")
+    p.add_argument("--agent", choices=("math", "sql"), default="math", help=AGENT_HELP)
+    p.add_argument("--traffic", choices=("grouped", "production"), default="grouped", help=TRAFFIC_HELP)
     p.add_argument("--config", "-c", default=None, help="Path to agentlake.toml (default: ./agentlake.toml).")
     return p
 
@@ -67,6 +74,8 @@ def _loop(settings: Settings, args: argparse.Namespace) -> None:
         eval_tasks=args.eval_tasks,
         seed=args.seed,
         learning_rate=args.lr,
+        agent=args.agent,
+        traffic=args.traffic,
     )
     with console.status("starting") as spinner:
         report = run_closed_loop(

@@ -1,38 +1,51 @@
 """The closed loop on the embedded default: agents act, Dagster learns, vLLM serves the new policy.
 
-One round = the math agent solves a batch of tasks through the gateway (its spans go through the
+One round = the agent (math, or text-to-SQL) solves a batch of tasks through the gateway (its spans go through the
 collector into Kafka) -> Dagster, on its own (Kafka sensor, eager automation), materializes
 spans -> rewards -> trajectories -> transitions -> once every rollout of the round is in
 `transitions`, the loop launches the `policy` asset in the same Dagster instance (train one
 version, hot-load it into vLLM) -> the next round's calls are served by that version. (In
 production the "enough new transitions" sensor launches `policy`; here it is held back so each
 round trains on exactly its own rollouts.) A held-out
-task set is scored greedily against vLLM directly (no spans, so evaluation never becomes
-training data) before the first round and after the last.
+task set is scored against vLLM directly (no spans, so evaluation never becomes training data)
+before the first round and after the last.
+
+Two kinds of traffic (``LoopPlan.traffic``):
+
+- ``grouped``, what RL trainers do: each task ``samples_per_task`` times, the reward in the trace
+  when the rollout ends, group-relative advantages (GRPO).
+- ``production``, what deployed agents see: every task once, traces without rewards; a separate
+  process (``late_rewards``) posts each reward to ``/v1/rewards`` after a random delay, and
+  ``never_rewarded`` of them never. Credit is a running baseline per agent; a rollout still without
+  a reward ``reward_horizon_s`` after it ended is dropped. A round trains on the rewards that came
+  in so far: those that come later are trained in a later round, as off-policy data from the
+  version that sampled them (truncated importance sampling).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from opentelemetry import trace as otel_trace
 
 from agentlake.stack import local
+from examples.closed_loop.agents import AgentKit, Result, agent_kit
 from examples.closed_loop.assets import materialize_all
-from examples.math_agent.agent import run_batch
-from examples.math_agent.tasks import make_tasks
+from examples.closed_loop.late_rewards import LateRewards
 from schemas.config import Settings
 from schemas.errors import AgentlakeError
 from schemas.lake import Lake
 from schemas.topics import DEFAULT_TENANT
 
 Step = Callable[[str], None]
-HELD_OUT_SEED = 10_000  # training tasks use seeds below 10_000 (seed * 1000 + round)
+Traffic = Literal["grouped", "production"]
 
 
 @dataclass
@@ -44,10 +57,17 @@ class RoundRecord:
     seconds: float
     trained_version: str | None = None
     loss: float | None = None
+    # production traffic: rewards posted in time for this round's training, posted later, never posted
+    rewarded: int | None = None
+    late: int | None = None
+    never: int | None = None
+    trained_rollouts: int | None = None  # rollouts whose transitions this round trained on (earlier rounds' too)
 
 
 @dataclass
 class LoopReport:
+    agent: str = "math"
+    traffic: str = "grouped"
     rounds: list[RoundRecord] = field(default_factory=list)
     eval_before: float = 0.0
     eval_after: float = 0.0
@@ -60,19 +80,28 @@ class LoopReport:
 class LoopPlan:
     rounds: int = 4
     tasks_per_round: int = 8
-    samples_per_task: int = 4
+    samples_per_task: int = 4  # production traffic: tasks_per_round * samples_per_task tasks, each once
     eval_tasks: int = 32
     eval_samples: int = 2
     temperature: float = 0.7
-    # The kinds where the base policy is right only some of the time at its serving temperature:
-    # that is where group-relative advantages carry signal (the two-step kinds start at zero).
-    task_kinds: tuple[str, ...] = ("multiply", "buy")
+    agent: str = "math"  # examples.closed_loop.agents.AGENTS
+    traffic: Traffic = "grouped"
     concurrency: int = 8
     seed: int = 0
     train_timeout_s: float = 900.0
     # A few hundred samples must move a 135M model: a LoRA learning rate well above fine-tuning's.
     learning_rate: float = 3e-4
     epochs: int = 1
+    # production traffic: reward delays are exponential with this mean (capped below the horizon);
+    # the share never rewarded; how long after a round's rollouts the loop collects what came in
+    reward_delay_mean_s: float = 30.0
+    never_rewarded: float = 0.2
+    settle_s: float = 45.0
+    reward_horizon_s: float = 150.0
+
+    @property
+    def rollouts_per_round(self) -> int:
+        return self.tasks_per_round * self.samples_per_task
 
 
 def evaluate(settings: Settings, plan: LoopPlan, *, on_progress: Step = lambda _m: None) -> float:
@@ -80,9 +109,9 @@ def evaluate(settings: Settings, plan: LoopPlan, *, on_progress: Step = lambda _
 
     Sampled, not greedy: it is the reward agents get in production, and the quantity RL raises.
     """
-    # The same held-out set whatever the training seed, so runs are comparable.
-    tasks = make_tasks(plan.eval_tasks, seed=HELD_OUT_SEED, prefix="heldout", kinds=plan.task_kinds)
-    results = run_batch(
+    kit = agent_kit(plan.agent)
+    tasks = kit.heldout_tasks(plan.eval_tasks)
+    results = kit.run_batch(
         settings.vllm.url,
         [t for t in tasks for _ in range(plan.eval_samples)],
         model=settings.model.served_name,
@@ -167,7 +196,7 @@ def plot_rewards(report: LoopReport, path: Path) -> Path:
     ax.set_xticks(xs)
     ax.set_ylabel("mean reward")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title("agentlake closed loop: math agent on SmolLM2-135M")
+    ax.set_title(f"agentlake closed loop: {report.agent} agent, {report.traffic} traffic, SmolLM2-135M")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,11 +217,18 @@ def run_closed_loop(
     from trainer.model_store import ensure_model
 
     started = time.monotonic()
+    kit = agent_kit(plan.agent)
     # The loop, not the sensor, decides when a round's data is complete (see the module docstring).
     settings.trainer.min_new_transitions = 10**9
     settings.trainer.learning_rate = plan.learning_rate
     settings.trainer.epochs = plan.epochs
     settings.trainer.seed = plan.seed
+    if plan.traffic == "production":
+        # One sample per task: no group to compare with, so a running baseline per agent; a rollout
+        # whose reward never comes is dropped once the horizon has passed.
+        settings.credit.advantage = "running_baseline"
+        settings.credit.reward_horizon_s = plan.reward_horizon_s
+        settings.credit.missing_reward = "drop"
     on_step(f"pulling {settings.model.base}")
     ensure_model(settings.model.base, settings.model.cache_dir)
     on_step("preparing the vLLM environment (first time: a few minutes)")
@@ -206,47 +242,20 @@ def run_closed_loop(
     import agentlake
 
     c = settings.collector
-    agentlake.init(f"http://{c.host}:{c.http_port}", service_name="math-agent", instrument_openai=False)
+    collector = f"http://{c.host}:{c.http_port}"
+    agentlake.init(collector, service_name=kit.name, instrument_openai=False)
     gateway = f"http://{settings.gateway.host}:{settings.gateway.port}"
 
-    report = LoopReport(eval_tasks=plan.eval_tasks)
+    report = LoopReport(agent=plan.agent, traffic=plan.traffic, eval_tasks=plan.eval_tasks)
     on_step(f"scoring the initial policy on {plan.eval_tasks} held-out tasks")
     report.eval_before = evaluate(settings, plan, on_progress=on_progress)
-    for rnd in range(1, plan.rounds + 1):
-        t0 = time.monotonic()
-        version = serving_version(settings)
-        tasks = make_tasks(
-            plan.tasks_per_round,
-            seed=plan.seed * 1000 + rnd,
-            prefix=f"train-s{plan.seed}-r{rnd}",
-            kinds=plan.task_kinds,
-        )
-        batch = [t for t in tasks for _ in range(plan.samples_per_task)]
-        on_step(f"round {rnd}/{plan.rounds}: {len(batch)} rollouts served by {version}")
-        results = run_batch(
-            gateway,
-            batch,
-            model=settings.model.served_name,
-            concurrency=plan.concurrency,
-            temperature=plan.temperature,
-            on_done=lambda done, total, rnd=rnd: on_progress(f"round {rnd}/{plan.rounds}: {done}/{total} rollouts"),
-        )
-        agentlake.flush()
-        on_step(f"round {rnd}/{plan.rounds}: waiting for Dagster to ingest spans and build transitions")
-        wait_for_transitions(settings, {r.rollout_id for r in results}, timeout_s=plan.train_timeout_s)
-        on_step(f"round {rnd}/{plan.rounds}: Dagster trains and publishes a new policy version")
-        materialize_all(settings, bootstrap, {"AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": "1"}, select="policy")
-        after = wait_for_new_version(settings, version, timeout_s=60)
-        record = RoundRecord(
-            round=rnd,
-            policy_version=version,
-            rollouts=len(results),
-            mean_reward=statistics.fmean(r.reward for r in results),
-            seconds=time.monotonic() - t0,
-            trained_version=after if after != version else None,
-            loss=_last_loss(settings, after),
-        )
-        report.rounds.append(record)
+    rounds = _Rounds(settings, plan, kit, gateway, bootstrap, on_step, on_progress)
+    if plan.traffic == "production":
+        with LateRewards(collector, cwd=local.REPO_ROOT) as poster:
+            rounds.poster = poster
+            report.rounds = [rounds.run(rnd) for rnd in range(1, plan.rounds + 1)]
+    else:
+        report.rounds = [rounds.run(rnd) for rnd in range(1, plan.rounds + 1)]
     on_step(f"scoring {serving_version(settings)} on the held-out tasks")
     report.eval_after = evaluate(settings, plan, on_progress=on_progress)
     report.seconds = time.monotonic() - started
@@ -254,6 +263,98 @@ def run_closed_loop(
     report.plot = str(plot_rewards(report, out / "reward_curve.png"))
     (out / "report.json").write_text(json.dumps(asdict(report), indent=2))
     return report
+
+
+@dataclass
+class _Rounds:
+    """One round at a time: rollouts through the gateway, their data into the lake, one trained version."""
+
+    settings: Settings
+    plan: LoopPlan
+    kit: AgentKit
+    gateway: str
+    bootstrap: str
+    on_step: Step
+    on_progress: Step
+    poster: LateRewards | None = None
+    rng: random.Random = field(init=False)
+    pending: dict[str, float] = field(default_factory=dict)  # production: rollout -> when its reward is due
+    trained: set[str] = field(default_factory=set)  # production: rollouts whose transitions were trained
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.plan.seed)
+
+    def run(self, rnd: int) -> RoundRecord:
+        plan, settings = self.plan, self.settings
+        t0 = time.monotonic()
+        version = serving_version(settings)
+        production = plan.traffic == "production"
+        n_tasks = plan.rollouts_per_round if production else plan.tasks_per_round
+        tasks = self.kit.train_tasks(n_tasks, plan.seed * 1000 + rnd, f"train-s{plan.seed}-r{rnd}")
+        batch = tasks if production else [t for t in tasks for _ in range(plan.samples_per_task)]
+        label = f"round {rnd}/{plan.rounds}"
+        self.on_step(f"{label}: {len(batch)} rollouts served by {version} ({plan.traffic} traffic)")
+        results = self.kit.run_batch(
+            self.gateway,
+            batch,
+            model=settings.model.served_name,
+            concurrency=plan.concurrency,
+            temperature=plan.temperature,
+            reward_span=not production,
+            on_done=lambda done, total: self.on_progress(f"{label}: {done}/{total} rollouts"),
+        )
+        import agentlake
+
+        agentlake.flush()
+        record = RoundRecord(
+            round=rnd,
+            policy_version=version,
+            rollouts=len(results),
+            mean_reward=statistics.fmean(r.reward for r in results),
+            seconds=0.0,
+        )
+        if production:
+            wanted = self._collect_late_rewards(results, record, label)
+        else:
+            wanted = {r.rollout_id for r in results}
+        self.on_step(f"{label}: waiting for Dagster to ingest spans and build transitions")
+        wait_for_transitions(settings, wanted, timeout_s=plan.train_timeout_s)
+        self.on_step(f"{label}: Dagster trains and publishes a new policy version")
+        materialize_all(settings, self.bootstrap, {"AGENTLAKE_TRAINER__MIN_NEW_TRANSITIONS": "1"}, select="policy")
+        after = wait_for_new_version(settings, version, timeout_s=60)
+        record.trained_version = after if after != version else None
+        record.loss = _last_loss(settings, after)
+        record.seconds = time.monotonic() - t0
+        return record
+
+    def _collect_late_rewards(self, results: Sequence[Result], record: RoundRecord, label: str) -> set[str]:
+        """Hand this round's rewards to the poster; the rollouts rewarded by now, not yet trained on."""
+        assert self.poster is not None
+        plan = self.plan
+        now = time.monotonic()
+        cap = 0.9 * plan.reward_horizon_s  # a reward that comes at all comes before the rollout is dropped
+        for r in results:
+            if self.rng.random() < plan.never_rewarded:
+                continue  # this outcome is never reported
+            delay = min(self.rng.expovariate(1 / plan.reward_delay_mean_s), cap)
+            self.poster.send(r.rollout_id, r.reward, delay)
+            self.pending[r.rollout_id] = now + delay
+        self.on_step(f"{label}: {len(self.pending)} rewards on their way; collecting for {plan.settle_s:.0f}s")
+        time.sleep(plan.settle_s)
+        failed = self.poster.failed()
+        if failed:
+            rid, error = next(iter(failed.items()))
+            raise AgentlakeError(f"{len(failed)} rewards could not be posted (rollout {rid}: {error})")
+        posted = self.poster.posted() - self.trained
+        ours = {r.rollout_id for r in results}
+        record.rewarded = len(posted & ours)
+        record.never = sum(1 for r in results if r.rollout_id not in self.pending and r.rollout_id not in posted)
+        record.late = len(ours) - record.rewarded - record.never
+        record.trained_rollouts = len(posted)
+        self.trained |= posted
+        for rid in posted:
+            self.pending.pop(rid, None)
+        return posted
 
 
 def _last_loss(settings: Settings, version: str) -> float | None:

@@ -27,20 +27,25 @@ def print_smoke(console: Console, report: SmokeReport) -> None:
 
 
 def print_loop(console: Console, report: LoopReport) -> None:
-    table = Table(title="reward per round")
-    for col in ("round", "served by", "rollouts", "mean reward", "trained", "loss", "seconds"):
+    production = report.traffic == "production"
+    table = Table(title=f"reward per round ({report.agent} agent, {report.traffic} traffic)")
+    columns = ["round", "served by", "rollouts", "mean reward"]
+    columns += ["rewarded in time", "late", "never", "trained on"] if production else []
+    for col in (*columns, "trained", "loss", "seconds"):
         table.add_column(col)
     for r in report.rounds:
-        table.add_row(
-            str(r.round),
-            r.policy_version,
-            str(r.rollouts),
-            f"{r.mean_reward:.3f}",
-            r.trained_version or "-",
-            "-" if r.loss is None else f"{r.loss:.4f}",
-            f"{r.seconds:.0f}",
-        )
+        cells = [str(r.round), r.policy_version, str(r.rollouts), f"{r.mean_reward:.3f}"]
+        if production:
+            cells += [str(r.rewarded), str(r.late), str(r.never), str(r.trained_rollouts)]
+        cells += [r.trained_version or "-", "-" if r.loss is None else f"{r.loss:.4f}", f"{r.seconds:.0f}"]
+        table.add_row(*cells)
     console.print(table)
+    if production:
+        console.print(
+            "rewarded in time: this round's rollouts whose reward came before it trained; late: came later "
+            "(trained next round, off-policy); never: dropped at the reward horizon; trained on: rollouts "
+            "this round's version learned from"
+        )
     console.print(
         f"held-out mean reward on {report.eval_tasks} tasks: before {report.eval_before:.3f}, "
         f"after {report.eval_after:.3f} ({report.eval_after - report.eval_before:+.3f})"

@@ -37,10 +37,14 @@ def run_rollout(
     temperature: float = 0.8,
     max_tokens: int = 40,
     tracer: trace.Tracer | None = None,
+    reward_span: bool = True,
 ) -> RolloutResult:
-    """Solve one task; the reward is 1 for the exact final answer, else 0."""
+    """Solve one task; the reward is 1 for the exact final answer, else 0.
+
+    ``reward_span=False``: the trace carries no reward (production traffic posts it later).
+    """
     result = RolloutResult(task_id=task.task_id, transcript=initial_messages(task))
-    with rollout_span(tracer or trace.get_tracer("examples.math_agent"), result, AGENT_NAME):
+    with rollout_span(tracer or trace.get_tracer("examples.math_agent"), result, AGENT_NAME, reward_span=reward_span):
         for _ in range(max_turns):
             text = chat_turn(client, result, model=model, temperature=temperature, max_tokens=max_tokens, stop=STOP)
             reply = parse_reply(text)

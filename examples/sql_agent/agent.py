@@ -52,10 +52,15 @@ def run_rollout(
     temperature: float = 0.8,
     max_tokens: int = 96,
     tracer: trace.Tracer | None = None,
+    reward_span: bool = True,
 ) -> RolloutResult:
-    """Answer one question with SQL; the reward is its execution match with the gold query."""
+    """Answer one question with SQL; the reward is its execution match with the gold query.
+
+    ``reward_span=False``: the trace carries no reward (production traffic posts it later).
+    """
     result = RolloutResult(task_id=task.task_id, transcript=initial_messages(task))
-    span = rollout_span(tracer or trace.get_tracer("examples.sql_agent"), result, AGENT_NAME)
+    tracer = tracer or trace.get_tracer("examples.sql_agent")
+    span = rollout_span(tracer, result, AGENT_NAME, reward_span=reward_span)
     with span, closing(connect(task.db_seed)) as db:
         for _ in range(1 + retries):
             text = chat_turn(client, result, model=model, temperature=temperature, max_tokens=max_tokens, stop=STOP)

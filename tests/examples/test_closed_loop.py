@@ -45,6 +45,7 @@ def test_the_launcher_passes_every_option_on(monkeypatch: pytest.MonkeyPatch) ->
     seen: list[tuple[list[str], Path]] = []
     monkeypatch.setattr(launcher, "run_demo", lambda argv, root: seen.append((argv, root)) or 7)
     args = ["--smoke", "--rounds", "2", "--tasks", "3", "--samples", "5", "--eval-tasks", "9", "--seed", "4"]
+    args += ["--agent", "sql", "--traffic", "production"]
     result = CliRunner().invoke(app, ["demo", *args, "--lr", "0.001", "--config", "x.toml"])
     assert result.exit_code == 7, result.output  # the demo's exit code
     [(argv, root)] = seen
@@ -52,6 +53,13 @@ def test_the_launcher_passes_every_option_on(monkeypatch: pytest.MonkeyPatch) ->
     parsed = parser().parse_args(argv[4:])
     assert (parsed.smoke, parsed.rounds, parsed.tasks, parsed.samples, parsed.eval_tasks) == (True, 2, 3, 5, 9)
     assert (parsed.seed, parsed.lr, parsed.config) == (4, 0.001, "x.toml")
+    assert (parsed.agent, parsed.traffic) == ("sql", "production")
+
+
+def test_the_launcher_refuses_an_unknown_agent_or_traffic() -> None:
+    for option, value in (("--agent", "chess"), ("--traffic", "bursty")):
+        result = CliRunner().invoke(app, ["demo", option, value])
+        assert result.exit_code == 2 and value in result.output
 
 
 def test_without_a_checkout_the_launcher_says_where_the_demo_runs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,75 @@
+"""The agents the closed loop can train: each one's training tasks, held-out tasks and rollout batch.
+
+The loop is the same for every agent; what differs is which tasks a round draws, which tasks score
+the policy before and after, and the function that runs a batch of rollouts through an
+OpenAI-compatible server. ``AGENTS`` names them for ``--agent``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Result(Protocol):
+    """What the loop reads from a rollout: its id and its reward."""
+
+    rollout_id: str
+    reward: float
+
+
+RunBatch = Callable[..., Sequence[Result]]
+
+
+@dataclass(frozen=True)
+class AgentKit:
+    """One example agent as the loop drives it."""
+
+    name: str  # the agent name its spans carry (agentlake.agent.name)
+    train_tasks: Callable[[int, int, str], list[Any]]  # (n, seed, id prefix) -> tasks, the same for the same seed
+    heldout_tasks: Callable[[int], list[Any]]  # n -> the fixed held-out set, never drawn for training
+    run_batch: RunBatch  # (base_url, tasks, model=, concurrency=, temperature=, ...) -> results in task order
+
+
+# The math kinds where the base policy is right only some of the time at its serving temperature:
+# that is where rewards differ between rollouts and carry signal (the two-step kinds start at zero).
+MATH_KINDS = ("multiply", "buy")
+HELD_OUT_SEED = 10_000  # math training tasks use seeds below 10_000 (seed * 1000 + round)
+
+
+def _math() -> AgentKit:
+    from examples.math_agent.agent import AGENT_NAME, run_batch
+    from examples.math_agent.tasks import make_tasks
+
+    return AgentKit(
+        name=AGENT_NAME,
+        train_tasks=lambda n, seed, prefix: make_tasks(n, seed=seed, prefix=prefix, kinds=MATH_KINDS),
+        # The same held-out set whatever the training seed, so runs are comparable.
+        heldout_tasks=lambda n: make_tasks(n, seed=HELD_OUT_SEED, prefix="heldout", kinds=MATH_KINDS),
+        run_batch=run_batch,
+    )
+
+
+def _sql() -> AgentKit:
+    from examples.sql_agent.agent import AGENT_NAME, run_batch
+    from examples.sql_agent.tasks import heldout_tasks, make_tasks
+
+    return AgentKit(
+        name=AGENT_NAME,
+        # Question texts are split by hash: training never draws a held-out question.
+        train_tasks=lambda n, seed, prefix: make_tasks(n, seed=seed, prefix=prefix),
+        heldout_tasks=heldout_tasks,
+        run_batch=run_batch,
+    )
+
+
+AGENTS: dict[str, Callable[[], AgentKit]] = {"math": _math, "sql": _sql}
+
+
+def agent_kit(name: str) -> AgentKit:
+    """The kit for ``--agent name``; an unknown name lists the known ones."""
+    try:
+        return AGENTS[name]()
+    except KeyError:
+        raise ValueError(f"unknown agent {name!r}; choose from {', '.join(AGENTS)}") from None
