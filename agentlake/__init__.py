@@ -8,6 +8,9 @@ The agent-side API is small::
         ...                                          # every span in here carries the rollout ids
         agentlake.emit_reward(1.0)
 
+Calls through the OpenAI client name the rollout and the agent (``init(agent_name=...)`` or
+``rollout(agent_name=...)``) to the gateway in headers; raw HTTP calls add ``agentlake.headers()``.
+
 Importing this package never imports torch, vLLM or Dagster.
 """
 
@@ -20,6 +23,7 @@ from agentlake._sdk.tracing import (
     current_rollout,
     emit_reward,
     flush,
+    headers,
     reward,
     rollout,
     tracer_provider,
@@ -33,6 +37,7 @@ __all__ = [
     "current_rollout",
     "emit_reward",
     "flush",
+    "headers",
     "init",
     "instrument_openai",
     "reward",

@@ -4,7 +4,10 @@ When the client talks to vLLM (any base URL that is not api.openai.com) the call
 ``return_token_ids`` and logprobs, and the span records the exact prompt and completion token ids
 and logprobs, so training needs no retokenization. What the caller did not ask for is removed
 from the answer again. The call's ``traceparent`` is sent along, so a gateway in between records
-its span as a child of ours.
+its span as a child of ours; so are the current rollout's ids and the agent's name
+(``tracing.rollout_headers``: ``x-agentlake-agent`` makes the gateway serve the call from that
+agent's policy line). A header the caller set (``extra_headers``, or the client's ``default_headers``)
+is kept as it is. None of ours go to api.openai.com.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
-from agentlake._sdk.tracing import TRACER_NAME, tracer_provider
+from agentlake._sdk.tracing import TRACER_NAME, rollout_headers, tracer_provider
 from schemas import attributes as A
 
 _PATCHED = "__agentlake_patched__"
 
 
-def _wants_ids(client: Any) -> bool:
+def _self_hosted(client: Any) -> bool:
+    """Whether ``client`` talks to vLLM or the agentlake gateway (any base URL but api.openai.com)."""
     base = str(getattr(client, "base_url", ""))
     return "api.openai.com" not in base
 
@@ -53,16 +57,19 @@ def _logprobs(choice: Any, chat: bool) -> list[float] | None:
 
 
 def _prepare(kwargs: dict[str, Any], client: Any, chat: bool, span: trace.Span) -> tuple[bool, bool]:
-    """Ask for ids and logprobs (vLLM only) and send ``span`` as the parent; return what the caller asked for."""
+    """Ask for ids and logprobs and name the rollout and agent (vLLM or the gateway only), and send ``span``
+    as the parent; return what the caller asked for."""
     extra = dict(kwargs.get("extra_body") or {})
     asked_ids = extra.get("return_token_ids") is True
     asked_lp = bool(kwargs.get("logprobs")) if chat else kwargs.get("logprobs") is not None
-    if _wants_ids(client):
+    headers = dict(kwargs.get("extra_headers") or {})
+    if _self_hosted(client):
         extra["return_token_ids"] = True
         kwargs["extra_body"] = extra
         if not asked_lp:
             kwargs["logprobs"] = True if chat else 0
-    headers = dict(kwargs.get("extra_headers") or {})
+        given = {str(k).lower() for k in (*headers, *(getattr(client, "default_headers", None) or {}))}
+        headers.update({k: v for k, v in rollout_headers().items() if k not in given})
     inject(headers, context=trace.set_span_in_context(span))  # a gateway's span becomes a child of this call's
     kwargs["extra_headers"] = headers
     return asked_ids, asked_lp

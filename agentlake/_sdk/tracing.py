@@ -5,6 +5,11 @@
 instrumentation) with the rollout, attempt, task and agent ids, so the pipeline can group them.
 A reward inside a rollout is an ``agentlake.reward`` span; a reward for a finished rollout is a
 late event POSTed to the collector's ``/v1/rewards``.
+
+``headers`` names the current rollout and agent to the gateway (``collectors.gateway.proxy``): the
+rollout, attempt and task ids, the agent (``x-agentlake-agent``, which picks the agent's policy line,
+``trainer.agents``) and ``traceparent``. The instrumented OpenAI client sends them by itself; an agent
+that talks raw HTTP adds ``agentlake.headers()`` to its requests.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
 from schemas import attributes as A
@@ -28,6 +34,12 @@ from schemas.errors import AgentlakeError
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
 TRACER_NAME = "agentlake"
 F = TypeVar("F", bound=Callable[..., Any])
+# The gateway's request headers (collectors.gateway.proxy, which a test holds these to), spelled here
+# so that importing the SDK imports no server.
+ROLLOUT_HEADER = "x-agentlake-rollout-id"
+ATTEMPT_HEADER = "x-agentlake-attempt-id"
+TASK_HEADER = "x-agentlake-task-id"
+AGENT_HEADER = "x-agentlake-agent"
 
 
 class SdkError(AgentlakeError):
@@ -146,6 +158,42 @@ def rollout(
 def current_rollout() -> Rollout | None:
     """The innermost active rollout of this task or thread, if any."""
     return _current.get()
+
+
+def _header_value(value: str) -> bool:
+    """Whether ``value`` can travel as an HTTP header value as it is (printable ASCII, so no line breaks)."""
+    return value != "" and value.isascii() and value.isprintable()
+
+
+def rollout_headers() -> dict[str, str]:
+    """The gateway headers that name the current rollout (rollout, attempt, task ids) and the agent.
+
+    The agent is the current rollout's ``agent_name`` (which defaults to ``init``'s), outside a
+    rollout ``init``'s; with neither, no agent header. A value that cannot be a header value
+    (not printable ASCII) is left out: the spans still carry it.
+    """
+    current = _current.get()
+    named = {AGENT_HEADER: state.agent_name}
+    if current is not None:
+        named = {
+            ROLLOUT_HEADER: current.rollout_id,
+            ATTEMPT_HEADER: current.attempt,
+            TASK_HEADER: current.task_id,
+            AGENT_HEADER: current.agent_name,
+        }
+    return {key: value for key, value in named.items() if value is not None and _header_value(value)}
+
+
+def headers() -> dict[str, str]:
+    """Headers for an agent's own HTTP call to the gateway: ``rollout_headers`` plus the current ``traceparent``.
+
+    ``httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=agentlake.headers())`` inside
+    ``agentlake.rollout`` files the gateway's span under the rollout and serves the call from the
+    agent's policy line. The instrumented OpenAI client needs none of this: it sends them itself.
+    """
+    out = rollout_headers()
+    inject(out)
+    return out
 
 
 def _reward_span(r: Rollout | None, value: float, name: str) -> None:

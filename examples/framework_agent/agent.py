@@ -9,9 +9,10 @@ model is a plain chat model (``OpenAIChatCompletionsModel``) with no tools decla
 no ``--enable-auto-tool-choice``: the calculator protocol (``CALC:`` / ``RESULT:``) runs between
 turns, and each turn continues the conversation with ``result.to_input_list()``.
 
-Point ``base_url`` at the agentlake gateway to get exact token ids too: the rollout id travels in
-the ``x-agentlake-rollout-id`` header and ``traceparent`` in every request, so the gateway's span
-joins the same trace.
+Point ``base_url`` at the agentlake gateway to get exact token ids too: every request carries
+``agentlake.headers()`` (the rollout, task and agent in ``x-agentlake-*`` headers, and ``traceparent``),
+so the gateway's span joins the same trace and the call is served by the agent's policy line, if it
+has one (``trainer.agents``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,11 @@ from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner
 from agents import trace as agents_trace
 from openai import AsyncOpenAI
 from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
-from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 import agentlake
 from examples import common
-from examples.common import ROLLOUT_HEADER
 from examples.math_agent.calculator import is_correct, parse_reply, respond
 from examples.math_agent.tasks import SYSTEM_PROMPT, WORKED_EXAMPLE, MathTask, make_tasks
 
@@ -67,15 +66,17 @@ def setup(endpoint: str | None = None, *, exporter: SpanExporter | None = None) 
 def make_client(
     base_url: str, *, api_key: str = "agentlake", transport: httpx.AsyncBaseTransport | None = None
 ) -> AsyncOpenAI:
-    """An OpenAI client whose every request carries ``traceparent``, so a gateway's span joins the trace.
+    """An OpenAI client whose every request carries ``agentlake.headers()``: the current rollout and agent,
+    and ``traceparent``, so a gateway's span joins the trace (a header the request already has is kept).
 
     ``transport`` replaces the network (tests: ``httpx.MockTransport``).
     """
 
-    async def inject(request: httpx.Request) -> None:
-        propagate.inject(request.headers)
+    async def name_the_call(request: httpx.Request) -> None:
+        for key, value in agentlake.headers().items():
+            request.headers.setdefault(key, value)
 
-    http = httpx.AsyncClient(timeout=120, event_hooks={"request": [inject]}, transport=transport)
+    http = httpx.AsyncClient(timeout=120, event_hooks={"request": [name_the_call]}, transport=transport)
     return AsyncOpenAI(base_url=f"{base_url.rstrip('/')}/v1", api_key=api_key, http_client=http)
 
 
@@ -110,11 +111,9 @@ async def run_rollout(agent: Agent, task: MathTask, *, max_turns: int = 4) -> Ro
     with agentlake.rollout(task_id=task.task_id, agent_name=AGENT_NAME) as r:
         assert r.rollout_id is not None
         result = RolloutResult(task_id=task.task_id, rollout_id=r.rollout_id)
-        settings = agent.model_settings.resolve(ModelSettings(extra_headers={ROLLOUT_HEADER: r.rollout_id}))
-        turn_agent = agent.clone(model_settings=settings)
         history: list[Any] = [*WORKED_EXAMPLE, {"role": "user", "content": task.question}]
         with agents_trace("math rollout", group_id=r.rollout_id):
-            history = await solve_turns(turn_agent, history, result, max_turns=max_turns)
+            history = await solve_turns(agent, history, result, max_turns=max_turns)
         result.reward = 1.0 if is_correct(result.answer, task.answer) else 0.0
         r.emit_reward(result.reward)
         result.transcript = history

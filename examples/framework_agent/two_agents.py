@@ -3,10 +3,11 @@
 The planner reads the question and states the arithmetic in one line; the solver gets the question
 and that plan and runs the calculator protocol (``examples.framework_agent.agent``'s loop). Listed in
 ``trainer.agents = ["planner", "solver"]``, each agent gets its own LoRA (``trainer.lines``):
-both agents call the one served name, ``agentlake-policy``, and name themselves in the
-``x-agentlake-agent`` header, so the gateway sends each call to ``agentlake-policy-<agent>`` and
-records that line's version; their spans carry ``agentlake.agent.name``, so each line trains on its
-own agent's calls only. The rollout's reward (the solver's answer) is both agents' reward.
+both agents call the one served name, ``agentlake-policy``, and the client names the rollout's
+current agent in the ``x-agentlake-agent`` header (``agentlake.headers()``, sent by ``make_client``),
+so the gateway sends each call to ``agentlake-policy-<agent>`` and records that line's version; their
+spans carry ``agentlake.agent.name``, so each line trains on its own agent's calls only. The
+rollout's reward (the solver's answer) is both agents' reward.
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from agents import trace as agents_trace
 from openai import AsyncOpenAI
 
 import agentlake
-from examples.common import ROLLOUT_HEADER
 from examples.framework_agent.agent import RolloutResult, make_agent, make_client, solve_turns
 from examples.math_agent.calculator import is_correct
 from examples.math_agent.tasks import WORKED_EXAMPLE, MathTask
 
 PLANNER, SOLVER = "planner", "solver"
-AGENT_HEADER = "x-agentlake-agent"  # the gateway's (collectors.gateway.proxy.AGENT_HEADER): which line serves a call
 PLANNER_PROMPT = (
     "Restate the question as the one arithmetic operation that answers it, e.g. 'multiply 12 by 7'. "
     "Reply with that line only."
@@ -43,31 +42,23 @@ def make_planner(client: AsyncOpenAI, model: str, *, temperature: float, max_tok
     )
 
 
-def _as(agent: Agent, name: str, rollout_id: str) -> Agent:
-    """``agent`` whose requests name the rollout and the agent (its policy line) in headers."""
-    headers = {ROLLOUT_HEADER: rollout_id, AGENT_HEADER: name}
-    return agent.clone(model_settings=agent.model_settings.resolve(ModelSettings(extra_headers=headers)))
-
-
 async def run_rollout(planner: Agent, solver: Agent, task: MathTask, *, max_turns: int = 4) -> RolloutResult:
     """Plan, then solve; the reward is 1 for the exact final answer, else 0.
 
     The rollout's agent name is switched between the phases, so every span started in a phase (the
-    instrumentation's LLM spans included) is stamped with that phase's agent.
+    instrumentation's LLM spans included) is stamped with that phase's agent, and every request names
+    it to the gateway.
     """
     with agentlake.rollout(task_id=task.task_id, agent_name=PLANNER) as r:
         assert r.rollout_id is not None
         result = RolloutResult(task_id=task.task_id, rollout_id=r.rollout_id)
         with agents_trace("math rollout, two agents", group_id=r.rollout_id):
-            planned = await Runner.run(
-                _as(planner, PLANNER, r.rollout_id), [{"role": "user", "content": task.question}], max_turns=1
-            )
+            planned = await Runner.run(planner, [{"role": "user", "content": task.question}], max_turns=1)
             result.calls += 1
             plan = str(planned.final_output or "").strip()
             r.agent_name = SOLVER
-            turn_agent = _as(solver, SOLVER, r.rollout_id)
             history: list[Any] = [*WORKED_EXAMPLE, {"role": "user", "content": f"{task.question}\nPlan: {plan}"}]
-            history = await solve_turns(turn_agent, history, result, max_turns=max_turns)
+            history = await solve_turns(solver, history, result, max_turns=max_turns)
         result.reward = 1.0 if is_correct(result.answer, task.answer) else 0.0
         r.emit_reward(result.reward)
         result.transcript = history

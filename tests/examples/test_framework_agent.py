@@ -19,7 +19,8 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from examples.framework_agent.agent import AGENT_NAME, ROLLOUT_HEADER, RolloutResult, heldout_tasks, run_batch, setup
+from collectors.gateway.proxy import AGENT_HEADER, ROLLOUT_HEADER
+from examples.framework_agent.agent import AGENT_NAME, RolloutResult, heldout_tasks, run_batch, setup
 from examples.math_agent.tasks import MathTask
 from pipelines.decoding import KafkaRecord, SpanBatch
 from pipelines.trajectories import assemble
@@ -106,6 +107,7 @@ def test_framework_agent_loop_headers_and_spans() -> None:
         body = json.loads(request.content)
         assert "tools" not in body and body["stop"] == ["\nRESULT", "RESULT:"]
         rollout_id = request.headers[ROLLOUT_HEADER]
+        assert request.headers[AGENT_HEADER] == AGENT_NAME  # the SDK names the agent (its policy line)
         _, trace_id, parent_id, _ = request.headers["traceparent"].split("-")
         assert trace_id == format(roots[rollout_id].context.trace_id, "032x")
         assert parent_id in llm_span_ids  # a gateway's span would hang under the framework's LLM span

@@ -8,8 +8,9 @@ import re
 import httpx
 import polars as pl
 
+from collectors.gateway.proxy import AGENT_HEADER
 from examples.framework_agent.agent import setup
-from examples.framework_agent.two_agents import AGENT_HEADER, PLANNER, PLANNER_PROMPT, SOLVER, run_batch
+from examples.framework_agent.two_agents import PLANNER, PLANNER_PROMPT, SOLVER, run_batch
 from examples.math_agent.tasks import MathTask
 from schemas import attributes as A
 from tests.examples.test_framework_agent import _decode
