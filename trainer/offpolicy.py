@@ -7,6 +7,11 @@ behind the version a round trains from (``v0005`` - ``v0003`` = 2). A source tha
 version (the base model's name, a missing value) or one ahead of the trained-from version has no
 staleness: it is "unknown", kept, and corrected like any stale row.
 
+With policy lines (``trainer.lines``) version names are one sequence across the lines, so the round of
+a line counts that line's versions only (``line_versions``, its versions oldest first: the registry's
+rows of that agent): a planner row one planner version behind is 1 stale however many solver versions
+came in between, and a source that is no version of the line has no staleness.
+
 A round (``trainer.round``) skips rows more than ``max_staleness`` versions behind, counting them per
 source. The loop (``trainer.train``) then treats a row as on-policy when its source is the version it
 trains from, and every other row as stale: for those it computes the proximal logprobs (the weights
@@ -45,13 +50,22 @@ def version_number(source: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def staleness(policy_version: str | None, current_version: str | None) -> int | None:
+def staleness(
+    policy_version: str | None, current_version: str | None, *, line_versions: Sequence[str] | None = None
+) -> int | None:
     """Versions between the row's policy and ``current_version`` (None: the base model, number 0).
 
-    None when it cannot be told: the row's source is no registry version, or is ahead of the current one.
+    ``line_versions``: count only these, a policy line's versions oldest first; None: every registry
+    version (the single policy). None when it cannot be told: the row's source is no registry version
+    (or none of the line's), or is ahead of the current one.
     """
-    behind = version_number(source_of(policy_version))
-    now = version_number(current_version) if current_version else 0
+    if line_versions is None:
+        behind = version_number(source_of(policy_version))
+        now = version_number(current_version) if current_version else 0
+    else:
+        position = {v: k for k, v in enumerate(line_versions, start=1)}
+        behind = position.get(source_of(policy_version))
+        now = position.get(current_version) if current_version else 0
     if behind is None or now is None or behind > now:
         return None
     return now - behind
@@ -67,15 +81,20 @@ def tis_enabled(tis_cap: float | None) -> bool:
 
 
 def split_stale(
-    rows: pa.Table, *, current_version: str | None, max_staleness: int | None
+    rows: pa.Table,
+    *,
+    current_version: str | None,
+    max_staleness: int | None,
+    line_versions: Sequence[str] | None = None,
 ) -> tuple[pa.Table, dict[str, int]]:
-    """(rows to train on, rows skipped per source): rows more than ``max_staleness`` versions behind go."""
+    """(rows to train on, rows skipped per source): rows more than ``max_staleness`` versions (of the line,
+    when ``line_versions`` is given) behind go."""
     if max_staleness is None or rows.num_rows == 0:
         return rows, {}
     keep: list[bool] = []
     skipped: dict[str, int] = {}
     for pv in rows["policy_version"].to_pylist():
-        d = staleness(pv, current_version)
+        d = staleness(pv, current_version, line_versions=line_versions)
         ok = d is None or d <= max_staleness
         keep.append(ok)
         if not ok:
@@ -115,7 +134,7 @@ def source_stats(
         stats: dict[str, Any] = {
             "rows": int(a["rows"]),
             "tokens": int(a["tokens"]),
-            "staleness": staleness(src if src != UNKNOWN else None, current_version),
+            "staleness": _source_staleness(src, current_version, None),
             "uncorrected_rows": int(a.get("uncorrected_rows", 0)),
         }
         if n:
@@ -124,12 +143,26 @@ def source_stats(
     return out
 
 
+def _source_staleness(src: str, current_version: str | None, line_versions: Sequence[str] | None) -> int | None:
+    return staleness(src if src != UNKNOWN else None, current_version, line_versions=line_versions)
+
+
 def with_skipped(
-    stats: dict[str, dict[str, Any]], skipped: dict[str, int], *, current_version: str | None
+    stats: dict[str, dict[str, Any]],
+    skipped: dict[str, int],
+    *,
+    current_version: str | None,
+    line_versions: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``stats`` plus each source's ``skipped_stale`` count (0 where none was skipped)."""
-    out = {src: {**s, "skipped_stale": 0} for src, s in stats.items()}
-    for src, n in skipped.items():
-        empty = {"rows": 0, "tokens": 0, "staleness": staleness(src, current_version), "uncorrected_rows": 0}
-        out.setdefault(src, empty)["skipped_stale"] = n
-    return dict(sorted(out.items()))
+    """What a round records: ``stats`` (``source_stats``) plus each source's ``skipped_stale`` count (0 where
+    none was skipped), every source's ``staleness`` counted as the round's skip counted it: in
+    ``line_versions`` for a line's round, where the loop's count (every registry version) would be wrong."""
+    out: dict[str, dict[str, Any]] = {}
+    for src in sorted({*stats, *skipped}):
+        empty = {"rows": 0, "tokens": 0, "uncorrected_rows": 0}
+        out[src] = {
+            **stats.get(src, empty),
+            "staleness": _source_staleness(src, current_version, line_versions),
+            "skipped_stale": skipped.get(src, 0),
+        }
+    return out

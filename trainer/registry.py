@@ -96,6 +96,11 @@ class Registry:
         ]
         return rows[-1] if rows else None
 
+    def line_versions(self, agent: str | None = None) -> list[str]:
+        """The versions of ``agent``'s line (None: the single policy), oldest first, whatever their status:
+        what a row's staleness counts within a line (``trainer.offpolicy``)."""
+        return [r["version"] for r in self.rows() if r["agent"] == agent]
+
     def lineage(self, version: str) -> list[dict[str, Any]]:
         """``version`` and its ancestors, newest first."""
         by_name = {r["version"]: r for r in self.rows()}

@@ -13,7 +13,8 @@ they were trained on before. Either way the rows a version trained on go into ``
 Off-policy rows (``trainer.offpolicy``): a row whose policy is more than ``max_staleness`` versions
 behind the version the round trains from is skipped, counted per source version in
 ``model_versions.metrics`` (``offpolicy``), and still recorded in ``training_lineage`` as consumed,
-so it is not read again; the other stale rows are weighted by truncated importance sampling.
+so it is not read again; the other stale rows are weighted by truncated importance sampling. A line's
+round counts the line's own versions only, in the skip and in the recorded staleness alike.
 
 Policy lines (``trainer.agents``, ``trainer.lines``): ``line="planner"`` makes the round one of that
 agent's line: it reads only that agent's rows, continues the line's serving version, and registers
@@ -37,9 +38,8 @@ from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
 from trainer.data import TransitionData, read_transitions
 from trainer.errors import RegistryError, TrainerError
-from trainer.line_staleness import split_stale_in_line
 from trainer.lineage import Lineage, recorded_credit
-from trainer.offpolicy import with_skipped
+from trainer.offpolicy import split_stale, with_skipped
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -211,8 +211,9 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any)
         )
         parent = None
     current = parent["version"] if parent else None  # the policy the round starts from: on-policy rows are its
-    rows, skipped = split_stale_in_line(
-        data.rows, registry=registry, line=line, current_version=current, max_staleness=cfg.max_staleness
+    line_versions = registry.line_versions(line) if line is not None else None  # staleness counts these only
+    rows, skipped = split_stale(
+        data.rows, current_version=current, max_staleness=cfg.max_staleness, line_versions=line_versions
     )
     if skipped:
         log.warning(
@@ -230,7 +231,7 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any)
             n_transitions=n,
             version_start=start,
             version_end=end,
-            offpolicy=with_skipped({}, skipped, current_version=current),
+            offpolicy=with_skipped({}, skipped, current_version=current, line_versions=line_versions),
         )
     # The parent's folder on this machine: the trainer's own copy, or fetched from the lake and verified.
     parent_path = (
@@ -238,7 +239,7 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any)
     )
     optimizer_state = load_optimizer_state(parent_path) if parent_path else None  # resume: AdamW moments
     result = train(cfg, rows, parent_path=parent_path, optimizer_state=optimizer_state, current_version=current)
-    offpolicy = with_skipped(result.offpolicy, skipped, current_version=current)
+    offpolicy = with_skipped(result.offpolicy, skipped, current_version=current, line_versions=line_versions)
 
     version, number = registry.next_version()
     credit = recorded_credit(lake, cfg.table, end)  # a variant's settings (or the pipeline's), as its commits say

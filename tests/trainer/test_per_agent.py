@@ -220,28 +220,3 @@ def test_every_line_starts_with_its_own_published_identity_adapter(
     assert ensure_initial_policies(settings, vllm_url=vllm.url) == first
     assert len(registry.rows()) == 3
     assert [b["lora_name"] for p, b in vllm.requests if p == "/v1/load_lora_adapter"][3:] == [n for n, _ in loads]
-
-
-def test_staleness_counts_the_lines_own_versions(lake: Path) -> None:
-    import pyarrow as pa
-
-    from trainer.line_staleness import split_stale_in_line
-    from trainer.offpolicy import split_stale
-
-    registry = Registry(Lake(str(lake)))
-    for n, agent in enumerate(["planner", "solver", "solver", "planner"], start=1):
-        registry.add(version=f"v{n:04d}", version_number=n, base_model="tiny", kind="lora", path="/x", agent=agent)
-    pvs = ["agentlake-policy-planner@v0001", "agentlake-policy-planner@v0004", "base", None]
-    rows = pa.table({"policy_version": pa.array(pvs, pa.string()), "i": pa.array(range(4))})
-    # In the planner's line v0001 is one version behind v0004; counted across lines it would be three.
-    assert split_stale(rows, current_version="v0004", max_staleness=1)[1] == {"v0001": 1}
-    kept, skipped = split_stale_in_line(
-        rows, registry=registry, line="planner", current_version="v0004", max_staleness=1
-    )
-    assert (kept["i"].to_pylist(), skipped) == ([0, 1, 2, 3], {})
-    kept, skipped = split_stale_in_line(
-        rows, registry=registry, line="planner", current_version="v0004", max_staleness=0
-    )
-    assert (kept["i"].to_pylist(), skipped) == ([1, 2, 3], {"v0001": 1})
-    kept, _ = split_stale_in_line(rows, registry=registry, line=None, current_version="v0004", max_staleness=1)
-    assert kept["i"].to_pylist() == [1, 2, 3]  # the single policy: as before
