@@ -56,9 +56,10 @@ def serve(lines: list[str] | None = None) -> int:
         if not raw.strip():
             continue
         event = json.loads(raw)
-        timer = threading.Timer(
+        timer = threading.Timer(  # daemon: on a Ctrl-C the process exits without the pending ones
             max(0.0, float(event["delay_s"])), _post, (str(event["rollout_id"]), float(event["value"]), out_lock)
         )
+        timer.daemon = True
         timer.start()
         timers.append(timer)
     for timer in timers:
@@ -71,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--collector", required=True, help="the collector's OTLP/HTTP base URL, e.g. http://127.0.0.1:4318")
     args = p.parse_args(argv)
     os.environ["AGENTLAKE_ENDPOINT"] = args.collector  # where agentlake.emit_reward posts without init()
-    return serve()
+    try:
+        return serve()
+    except KeyboardInterrupt:  # the demo's Ctrl-C reaches its whole process group: stop quietly
+        return 130
 
 
 class LateRewards:

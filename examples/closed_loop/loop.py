@@ -61,7 +61,7 @@ class RoundRecord:
     rewarded: int | None = None
     late: int | None = None
     never: int | None = None
-    trained_rollouts: int | None = None  # rollouts whose transitions this round trained on (earlier rounds' too)
+    trained_rollouts: int | None = None  # rollouts this round's version trained on (training_lineage), any round's
 
 
 @dataclass
@@ -317,6 +317,10 @@ class _Rounds:
             wanted = self._collect_late_rewards(results, record, label)
         else:
             wanted = {r.rollout_id for r in results}
+        if not wanted:  # production traffic: no reward has come in yet, so there is nothing to learn from
+            self.on_step(f"{label}: no rewarded rollout yet; {version} keeps serving")
+            record.seconds = time.monotonic() - t0
+            return record
         self.on_step(f"{label}: waiting for Dagster to ingest spans and build transitions")
         wait_for_transitions(settings, wanted, timeout_s=plan.train_timeout_s)
         self.on_step(f"{label}: Dagster trains and publishes a new policy version")
@@ -324,6 +328,10 @@ class _Rounds:
         after = wait_for_new_version(settings, version, timeout_s=60)
         record.trained_version = after if after != version else None
         record.loss = _last_loss(settings, after)
+        if production:  # what the version learned from: rewards that came in until it trained, any round's
+            learned = trained_rollouts(settings, after)
+            record.trained_rollouts = len(learned)
+            self.trained |= learned
         record.seconds = time.monotonic() - t0
         return record
 
@@ -350,11 +358,20 @@ class _Rounds:
         record.rewarded = len(posted & ours)
         record.never = sum(1 for r in results if r.rollout_id not in self.pending and r.rollout_id not in posted)
         record.late = len(ours) - record.rewarded - record.never
-        record.trained_rollouts = len(posted)
-        self.trained |= posted
         for rid in posted:
             self.pending.pop(rid, None)
         return posted
+
+
+def trained_rollouts(settings: Settings, version: str) -> set[str]:
+    """The rollouts ``version`` trained on, as its `training_lineage` rows say."""
+    import polars as pl
+
+    scan = Lake.from_settings(settings).scan("training_lineage")
+    if scan is None:
+        return set()
+    rows = scan.filter(pl.col("model_version") == version).select("rollout_id").unique().collect()
+    return set(rows.get_column("rollout_id").drop_nulls().to_list())
 
 
 def _last_loss(settings: Settings, version: str) -> float | None:
