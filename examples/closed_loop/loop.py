@@ -341,13 +341,18 @@ class _Rounds:
         plan = self.plan
         now = time.monotonic()
         cap = 0.9 * plan.reward_horizon_s  # a reward that comes at all comes before the rollout is dropped
+        sent = 0
         for r in results:
             if self.rng.random() < plan.never_rewarded:
                 continue  # this outcome is never reported
             delay = min(self.rng.expovariate(1 / plan.reward_delay_mean_s), cap)
             self.poster.send(r.rollout_id, r.reward, delay)
             self.pending[r.rollout_id] = now + delay
-        self.on_step(f"{label}: {len(self.pending)} rewards on their way; collecting for {plan.settle_s:.0f}s")
+            sent += 1
+        self.on_step(
+            f"{label}: {sent} of {len(results)} rewards will be posted, {len(self.pending)} are on their way; "
+            f"collecting for {plan.settle_s:.0f}s"
+        )
         time.sleep(plan.settle_s)
         failed = self.poster.failed()
         if failed:
