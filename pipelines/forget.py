@@ -32,9 +32,10 @@ from schemas.errors import AgentlakeError
 from schemas.lake import Lake, in_list, sql_string
 from schemas.tables import DELETIONS, base_table, transitions_variant
 
-# Tables a deletion reaches: every table that holds a tenant's data or ids of its rollouts.
-# `model_versions` holds none; `deletions` is the record of deletions and is never deleted from.
-FORGET_TABLES = ("spans", "rewards", "trajectories", "transitions", "training_lineage", "quarantine")
+# Tables a deletion reaches: every table that holds a tenant's data or ids of its rollouts (`judgements`,
+# the LLM judge's cache, holds its words about them). `model_versions` holds none; `deletions` is the
+# record of deletions and is never deleted from.
+FORGET_TABLES = ("spans", "rewards", "trajectories", "transitions", "training_lineage", "quarantine", "judgements")
 # The column a "before" cutoff compares with, per table (a date column: rows of days before the cutoff's).
 TIME_COLUMNS = {
     "spans": "start_time",
@@ -43,6 +44,7 @@ TIME_COLUMNS = {
     "transitions": "day",
     "quarantine": "quarantined_at",
     "training_lineage": "consumed_at",
+    "judgements": "created_at",
 }
 DELETION_KEY = "agentlake.deletion"  # commit metadata of each delete: the deletion id
 
@@ -279,6 +281,10 @@ def _forget_conds(sel: Selector, frames: Mapping[str, pl.LazyFrame], scope: _Sco
         conds["rewards"] = mine & (r | tr | resp | (timed("rewards") if "rewards" in frames else NONE))
         conds["trajectories"] = mine & r
         conds["transitions"] = mine & r
+    # a judgement of a group that held a forgotten rollout goes whole: the judge's words compare members
+    mine_expr = pl.col("tenant") == sel.tenant
+    judged = set() if whole else _unique(frames.get("judgements"), mine_expr & r.expr, "judgement_id")
+    conds["judgements"] = mine if whole else mine & _in("judgement_id", judged)
     for name in sel.tables:  # a credit variant holds the same rows as `transitions`
         if name != "transitions" and base_table(name) == "transitions":
             conds[name] = conds["transitions"]

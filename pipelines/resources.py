@@ -24,7 +24,7 @@ from dagster import ConfigurableResource, EnvVar
 
 from pipelines.ingest import make_consumer
 from pipelines.retokenize import Retokenizer, load, tokenizer_dir
-from schemas.config import ENV_PREFIX, CreditSettings, KafkaSettings, Settings, load_settings
+from schemas.config import ENV_PREFIX, CreditSettings, JudgeSettings, KafkaSettings, Settings, load_settings
 from schemas.errors import ConfigError, LakeError
 from schemas.lake import Lake
 from schemas.storage import is_secret_option
@@ -130,12 +130,20 @@ class KafkaResource(ConfigurableResource):
 
 
 class CreditResource(ConfigurableResource):
-    """How rewards become returns and advantages, and when an idle rollout times out (``credit`` settings)."""
+    """How rewards become returns and advantages, and when an idle rollout times out (``credit`` settings);
+    and the LLM judge, a reward function of the `reward_functions` asset (``judge``, its url and model
+    resolved; its API key stays in the environment variable the settings name)."""
 
     credit: dict[str, Any] = {}
+    judge: dict[str, Any] = {}
 
     def settings(self) -> CreditSettings:
         return CreditSettings(**self.credit)
+
+    def judge_settings(self) -> JudgeSettings | None:
+        """The judge's settings when it is enabled, else None."""
+        judge = JudgeSettings(**self.judge)
+        return judge if judge.enabled else None
 
 
 class TokenizerResource(ConfigurableResource):
@@ -218,7 +226,10 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
     return {
         "lake": lake,
         "kafka": kafka,
-        "credit": CreditResource(credit=s.credit.model_dump(mode="json", exclude_none=True)),
+        "credit": CreditResource(
+            credit=s.credit.model_dump(mode="json", exclude_none=True),
+            judge=s.judge.resolved(s.vllm.url, s.model.base_served_name).model_dump(mode="json"),
+        ),
         "tokenizer": TokenizerResource(path=tokenizer_dir(s)),
         "trainer": TrainerResource(
             lake=lake,

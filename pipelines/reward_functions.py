@@ -18,6 +18,12 @@ changes after its day (late spans and rewards re-assemble it), so what needs sco
 version has not seen", which a watermark says and a day does not; and the asset stays unpartitioned,
 in the same job and automation as the trajectories and transitions around it.
 
+A group reward function (``GroupRewardFunction``, the LLM judge of `pipelines.judging`) scores the
+members of a group together, relative to each other: the latest finished attempt of each rollout of
+one task (rollouts without a task id: windows of one agent's, by end time), at most ``window`` at a
+time. It rides the same watermarks: a group with any member the watermark has not seen is scored again
+whole (its relative scores change when it gains a member), and a chunk never splits a group.
+
 This package does not import ``agentlake`` (it sits above us): a reward function is anything with a
 ``name``, a ``version`` and a ``score(row)`` method, which ``agentlake.reward_fn`` builds.
 """
@@ -29,14 +35,15 @@ import hashlib
 import importlib
 import math
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import polars as pl
 
 from pipelines import keys
 from pipelines.trajectories import TERMINAL
+from pipelines.transitions import latest_terminal_attempts
 from schemas import attributes as A
 from schemas.errors import LakeError
 from schemas.lake import Lake, in_list
@@ -56,11 +63,30 @@ class RewardFunction(Protocol):
     def score(self, row: Mapping[str, Any]) -> float | None: ...
 
 
+@runtime_checkable
+class GroupRewardFunction(Protocol):
+    """A function that scores a group of `trajectories` rows together: one value (or None) per member.
+
+    ``group_by``: ``"task"`` groups rollouts by task id (those without one by agent), ``"agent"`` by
+    agent; ``window``: the most members of one group (larger ones are split by end time).
+    """
+
+    name: str
+    version: str
+    group_by: Literal["task", "agent"]
+    window: int
+
+    def score_groups(self, groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[float | None]]: ...
+
+
+AnyRewardFunction = RewardFunction | GroupRewardFunction
+
+
 class RewardFunctionError(LakeError):
     """A reward module or function that cannot be used as it is."""
 
 
-def source_of(fn: RewardFunction) -> str:
+def source_of(fn: AnyRewardFunction) -> str:
     return f"{_FN_PREFIX}{fn.name}@{fn.version}"
 
 
@@ -94,40 +120,145 @@ def scored_rewards(traj: pl.DataFrame, fns: Iterable[RewardFunction]) -> tuple[p
 
     A function's None is no reward (its id is among the scored ones, so an earlier value is removed).
     """
-    rows: list[dict[str, Any]] = []
-    ids: list[str] = []
     records = traj.to_dicts()
+    frames, ids = [], []
     for fn in fns:
-        source = source_of(fn)
-        for row in records:
-            rid = reward_id(row["tenant"], row["rollout_id"], row["attempt_id"], source)
-            ids.append(rid)
-            value = fn.score(row)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise RewardFunctionError(
-                    f"reward function {fn.name}@{fn.version} returned {value!r} for rollout {row['rollout_id']!r}"
-                    f" (tenant {row['tenant']!r}); return a finite number or None"
-                )
-            rows.append(
-                {
-                    "reward_id": rid,
-                    "source": source,
-                    "tenant": row["tenant"],
-                    "rollout_id": row["rollout_id"],
-                    "attempt_id": row["attempt_id"],
-                    "trace_id": (row["trace_ids"] or [None])[0],
-                    "name": fn.name,
-                    "value": float(value),
-                    "event_time": row["end_time"] or row["start_time"],
-                    "day": row["day"],
-                }
-            )
+        frame, fn_ids = _reward_rows(fn, records, [fn.score(row) for row in records])
+        frames.append(frame)
+        ids += fn_ids
+    return (pl.concat(frames) if frames else _empty_rewards()), ids
+
+
+def _empty_rewards() -> pl.DataFrame:
     empty = pl.from_arrow(REWARDS.empty_table())
     assert isinstance(empty, pl.DataFrame)
+    return empty
+
+
+def _reward_rows(
+    fn: AnyRewardFunction, records: Sequence[Mapping[str, Any]], values: Sequence[float | None]
+) -> tuple[pl.DataFrame, list[str]]:
+    """The `rewards` rows of ``fn``'s ``values`` for ``records`` (None: none), and the ids of all of them."""
+    source = source_of(fn)
+    rows: list[dict[str, Any]] = []
+    ids: list[str] = []
+    for row, value in zip(records, values, strict=True):
+        rid = reward_id(row["tenant"], row["rollout_id"], row["attempt_id"], source)
+        ids.append(rid)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise RewardFunctionError(
+                f"reward function {fn.name}@{fn.version} returned {value!r} for rollout {row['rollout_id']!r}"
+                f" (tenant {row['tenant']!r}); return a finite number or None"
+            )
+        rows.append(
+            {
+                "reward_id": rid,
+                "source": source,
+                "tenant": row["tenant"],
+                "rollout_id": row["rollout_id"],
+                "attempt_id": row["attempt_id"],
+                "trace_id": (row["trace_ids"] or [None])[0],
+                "name": fn.name,
+                "value": float(value),
+                "event_time": row["end_time"] or row["start_time"],
+                "day": row["day"],
+            }
+        )
+    empty = _empty_rewards()
     out = pl.DataFrame(rows, schema={k: empty.schema[k] for k in rows[0]}) if rows else empty
     return pl.concat([empty, out], how="diagonal").select(empty.columns), ids
+
+
+_GROUP_INDEX = ["tenant", "rollout_id", "attempt_id", "task_id", "agents", "status", "end_time", "updated_at"]
+
+
+def group_members(index: pl.DataFrame, *, group_by: Literal["task", "agent"], window: int) -> pl.DataFrame:
+    """The group of each rollout's latest finished attempt in ``index`` (`trajectories` rows).
+
+    Columns: the attempt's keys, ``group`` (``task:<id>#<n>`` or ``agent:<name>#<n>``, with the tenant a
+    key beside it) and ``position`` in it. A sequence (one tenant's rollouts of one task, or of one
+    agent) is ordered by end time and cut into windows of ``window``; a window is a group.
+    """
+    latest, _ = latest_terminal_attempts(index)
+    by_task = pl.col("task_id").is_not_null() if group_by == "task" else pl.lit(False)
+    agent = pl.col("agents").list.first().fill_null("")
+    seq = pl.when(by_task).then(pl.lit("task:") + pl.col("task_id")).otherwise(pl.lit("agent:") + agent)
+    ranked = (
+        latest.with_columns(seq.alias("_seq"))
+        .sort("tenant", "_seq", "end_time", "rollout_id", nulls_last=False)
+        .with_columns(pl.int_range(pl.len()).over("tenant", "_seq").alias("_n"))
+    )
+    return ranked.select(
+        *keys.ATTEMPT,
+        (pl.col("_seq") + "#" + (pl.col("_n") // window).cast(pl.String)).alias("group"),
+        (pl.col("_n") % window).alias("position"),
+        *([c for c in ("_wanted",) if c in index.columns]),
+    )
+
+
+def affected_groups(members: pl.DataFrame) -> pl.DataFrame:
+    """The members of every group that must be scored again: those holding a ``_wanted`` row, and the
+    later windows of the same sequence (a member that ended earlier than others shifts them all)."""
+    parts = pl.col("group").str.split("#")
+    seqs = members.with_columns(
+        parts.list.first().alias("_seq"), parts.list.last().cast(pl.Int64).alias("_w")
+    ).with_columns(pl.col("_w").filter(pl.col("_wanted")).min().over("tenant", "_seq").alias("_first"))
+    return seqs.filter(pl.col("_w") >= pl.col("_first")).drop("_seq", "_w", "_first", "_wanted")
+
+
+def group_rewards(
+    viewed: pl.DataFrame, fn: GroupRewardFunction, members: pl.DataFrame
+) -> tuple[pl.DataFrame, list[str]]:
+    """`rewards` rows of ``fn`` over the groups in ``members``, and every id scored: every attempt of
+    each member's rollout (an attempt superseded by a later one loses its reward)."""
+    placed = viewed.join(
+        members.select(*keys.ATTEMPT, "group", "position"), on=keys.ATTEMPT, how="left", nulls_equal=True
+    )
+    mine = keys.keep(placed, members.select(*keys.ROLLOUT).iter_rows(), "rollout_id")
+    in_groups = mine.filter(pl.col("group").is_not_null()).sort("tenant", "group", "position")
+    groups = [
+        g.drop("group", "position").to_dicts() for _, g in in_groups.group_by("tenant", "group", maintain_order=True)
+    ]
+    scores = fn.score_groups(groups) if groups else []
+    if len(scores) != len(groups) or any(len(s) != len(g) for s, g in zip(scores, groups, strict=False)):
+        raise RewardFunctionError(
+            f"group reward function {fn.name}@{fn.version} returned other than one score per member"
+        )
+    records = [row for g in groups for row in g]
+    values = [v for s in scores for v in s]
+    others = mine.filter(pl.col("group").is_null()).drop("group", "position").to_dicts()
+    frame, ids = _reward_rows(fn, [*records, *others], [*values, *([None] * len(others))])
+    return frame, ids
+
+
+def _chunks(units: Iterable[set[keys.Key]], size: int) -> list[list[keys.Key]]:
+    """Rollouts in chunks of about ``size``; the rollouts of one unit (a group) always share a chunk.
+
+    Units that share a rollout are merged first (two group functions may group differently).
+    """
+    parent: dict[keys.Key, keys.Key] = {}
+
+    def root(k: keys.Key) -> keys.Key:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    for unit in units:
+        first, *rest = sorted(unit)
+        for k in rest:
+            parent[root(k)] = root(first)
+        root(first)
+    merged: dict[keys.Key, list[keys.Key]] = {}
+    for k in sorted(parent):
+        merged.setdefault(root(k), []).append(k)
+    out: list[list[keys.Key]] = []
+    for unit_keys in sorted(merged.values()):
+        if not out or len(out[-1]) + len(unit_keys) > size and out[-1]:
+            out.append([])
+        out[-1].extend(unit_keys)
+    return [sorted(c) for c in out if c]
 
 
 _SPAN_VIEW = ["span_id", "parent_span_id", "name", "start_time", "end_time", "status_code", "attributes"]
@@ -222,7 +353,7 @@ class ScoreResult:
 
 def score_trajectories(
     lake: Lake,
-    fns: list[RewardFunction],
+    fns: Sequence[AnyRewardFunction],
     *,
     chosen: str | None = None,
     backfill: bool = False,
@@ -231,9 +362,10 @@ def score_trajectories(
 ) -> ScoreResult:
     """Score the finished trajectories each function has not scored yet (all with ``backfill``).
 
-    Rollouts are taken ``chunk_rollouts`` at a time, one `rewards` and one `trajectories` commit each,
-    so memory and the commits' predicates follow the chunk; the watermarks go in with the last chunk,
-    and a crash in between redoes the chunks already written, finding nothing to change there.
+    Rollouts are taken ``chunk_rollouts`` at a time (a group whole, whatever its size), one `rewards`
+    and one `trajectories` commit each, so memory and the commits' predicates follow the chunk; the
+    watermarks go in with the last chunk, and a crash in between redoes the chunks already written,
+    finding nothing to change there.
     """
     res = ScoreResult()
     if not fns:  # none named in settings (the default): nothing to read
@@ -256,25 +388,46 @@ def score_trajectories(
         s: done if marks[s] is None else done & (us > marks[s]) & (pl.lit(True) if owns[s] is None else us != owns[s])
         for s in sources
     }
-    anyone = pl.any_horizontal(*wanted.values())
-    rollouts = sorted(set(pl.scan_delta(traj_dt).filter(anyone).select(*keys.ROLLOUT).collect().iter_rows()))
-    if not rollouts:
+    singles = [s for f, s in zip(fns, sources, strict=True) if not isinstance(f, GroupRewardFunction)]
+    units: list[set[keys.Key]] = []
+    if singles:
+        anyone = pl.any_horizontal(*(wanted[s] for s in singles))
+        units += [{k} for k in pl.scan_delta(traj_dt).filter(anyone).select(*keys.ROLLOUT).collect().iter_rows()]
+    members: dict[str, pl.DataFrame] = {}  # a group function's source -> the members of the groups it scores
+    for fn, s in zip(fns, sources, strict=True):
+        if isinstance(fn, GroupRewardFunction):
+            index = (
+                pl.scan_delta(traj_dt)
+                .filter(done)
+                .select(*_GROUP_INDEX, wanted[s].alias("_wanted"))
+                .with_columns(pl.col("_wanted").any().over(keys.ROLLOUT))
+                .collect()
+            )
+            members[s] = affected_groups(group_members(index, group_by=fn.group_by, window=fn.window))
+            for _, g in members[s].group_by("tenant", "group"):
+                units.append(set(g.select(*keys.ROLLOUT).iter_rows()))
+    chunks = _chunks(units, chunk_rollouts)
+    if not chunks:
         return res
     stamp = max(newest + dt.timedelta(microseconds=1), now or dt.datetime.now(dt.UTC))
-    for start in range(0, len(rollouts), chunk_rollouts):
-        chunk = rollouts[start : start + chunk_rollouts]
+    for n, chunk in enumerate(chunks, start=1):
         rows = keys.keep(pl.scan_delta(traj_dt).filter(keys.among(chunk, "rollout_id")).collect(), chunk, "rollout_id")
         fresh, ids = [], []
         viewed = with_spans(rows, lake.scan("spans"))
         for fn, s in zip(fns, sources, strict=True):
-            subset = viewed.filter(wanted[s])
-            res.scored[s] = res.scored.get(s, 0) + subset.height
-            scored, scored_ids = scored_rewards(subset, [fn])
+            if isinstance(fn, GroupRewardFunction):
+                mine = keys.keep(members[s], chunk, "rollout_id")
+                res.scored[s] = res.scored.get(s, 0) + mine.height
+                scored, scored_ids = group_rewards(viewed, fn, mine)
+            else:
+                subset = viewed.filter(wanted[s])
+                res.scored[s] = res.scored.get(s, 0) + subset.height
+                scored, scored_ids = scored_rewards(subset, [fn])
             fresh.append(scored)
             ids += scored_ids
         _write_rewards(lake, pl.concat(fresh), ids, res)
         _attach_chunk(lake, traj_dt, rows, chunk, sources, chosen=chosen, stamp=stamp, res=res)
-        if start + chunk_rollouts >= len(rollouts):  # the last chunk: the watermarks go in with it
+        if n == len(chunks):  # the last chunk: the watermarks go in with it
             new_marks = {_mark_app(s): _us(newest) for s in sources} | {_CHOICE_APP: choice}
             if res.rollouts_updated:
                 new_marks |= {_own_app(s): _us(stamp) for s in sources}

@@ -253,6 +253,31 @@ TRAINING_LINEAGE = _versioned(
     ],
 )
 
+# The LLM judge's cache (pipelines/judging): one row per member of each judged group. ``judgement_id``
+# hashes what was asked (judge version and rubric, the members, the prompt), so asking again is a
+# look-up: a rerun or backfill calls the model only for groups whose question changed. It holds the
+# judge's words about a trajectory (``reason``): `agentlake forget` and retention reach it.
+JUDGEMENTS = _versioned(
+    "judgements",
+    1,
+    [
+        pa.field("judgement_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # the reward source: fn:<name>@<version>
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("attempt_id", pa.string()),
+        pa.field("position", pa.int32(), nullable=False),  # the member's number in the prompt (1-based)
+        pa.field("members", pa.int32(), nullable=False),  # the group's size
+        pa.field("status", pa.string(), nullable=False),  # "ok" | "unparsed" (no scores after the retry)
+        pa.field("score", pa.float64()),  # what the judge said
+        pa.field("reward", pa.float64()),  # its rank in the group, in [0, 1]
+        pa.field("reason", pa.string()),  # the judge's words about it (content)
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("calls", pa.int32(), nullable=False),  # requests it took (2: retried once)
+        pa.field("created_at", _ts, nullable=False),
+    ],
+)
+
 # What was deleted, by whom and when (`agentlake forget`, per-table retention): one row per deletion.
 # A rebuild from Kafka applies these again, so forgotten rows stay forgotten (pipelines.forget).
 # It keeps the ids that name the forgotten data (tenant, rollout), never its content.
@@ -325,6 +350,7 @@ TABLES: dict[str, pa.Schema] = {
     "training_lineage": TRAINING_LINEAGE,
     "quarantine": QUARANTINE,
     "deletions": DELETIONS,
+    "judgements": JUDGEMENTS,
 }
 
 EVENTS: dict[str, pa.Schema] = {
@@ -347,6 +373,7 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     "training_lineage": [],
     "quarantine": [],
     "deletions": [],
+    "judgements": [],
 }
 
 # Columns holding what users and agents wrote (messages, attribute values, error text). Delta keeps
@@ -355,6 +382,7 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
 CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
     "spans": ("status_message", "input_messages", "output_messages", "attributes", "resource_attributes"),
     "quarantine": ("headers", "error", "value"),
+    "judgements": ("reason",),
 }
 
 

@@ -252,6 +252,7 @@ def test_forget_one_rollout_with_the_cli(tmp_path: Path) -> None:
         "transitions": 2,
         "training_lineage": 0,
         "quarantine": 1,
+        "judgements": 0,  # none judged here: tests/pipelines/test_judge.py forgets a judged rollout
     }
 
     # recorded: who, what, when, rows and versions per table
@@ -340,6 +341,7 @@ def test_forget_a_tenant_before_a_date_with_the_cli(tmp_path: Path) -> None:
         "transitions": 2,
         "training_lineage": 0,
         "quarantine": 1,
+        "judgements": 0,  # none judged here: tests/pipelines/test_judge.py forgets a judged rollout
     }
     rec = rows(lake, "deletions").to_dicts()
     assert [(r["tenant"], r["rollout_id"], r["before"]) for r in rec] == [
