@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from schemas.config import Settings
-from schemas.errors import LakeError
+from schemas.errors import ConfigError, LakeError
 from schemas.lake import Lake
 from schemas.storage import without_secrets
 from schemas.uris import is_local, local_path
@@ -65,6 +65,7 @@ class TrainConfig:
     pack: bool = False  # pack sequences into rows of max_seq_len instead of padding
     seed: int = 0
     device: str = "auto"  # "auto": cuda when present, else cpu
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # "auto": bf16 autocast on CUDA, fp32 on CPU
     # output
     # each version in <checkpoint_dir>/<version>; on an object-store lake also uploaded (trainer.artifacts)
     checkpoint_dir: str = ".agentlake/lake/models"
@@ -107,6 +108,10 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "epochs", "max_seq_len", "lora_rank"):
             if getattr(self, name) < 1:
                 raise TrainerError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise TrainerError(f"precision: expected auto, fp32 or bf16, got {self.precision!r}")
+        if self.precision == "bf16" and self.device == "cpu":
+            raise ConfigError('trainer.precision = "bf16" needs CUDA; on CPU use "fp32" (or "auto")')
         if self.max_steps is not None and self.max_steps < 1:
             raise TrainerError(f"max_steps: must be at least 1 or None, got {self.max_steps}")
         if self.tis_cap is not None and self.tis_cap != 0 and self.tis_cap < 1:
@@ -157,6 +162,7 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         max_seq_len=t.max_seq_len,
         max_grad_norm=t.max_grad_norm,
         seed=t.seed,
+        precision=t.precision,
         checkpoint_dir=str(local_model_dir(settings)),
     )
     return TrainConfig.from_dict({**values, **overrides})

@@ -272,6 +272,15 @@ def collate(examples: Sequence[Example], *, pad_id: int = 0, pack: bool = False,
     )
 
 
+def epoch_chunks(examples: Sequence[Example], *, batch_size: int, seed: int, epoch: int = 0) -> Iterator[list[Example]]:
+    """The examples of each micro-batch of ``epoch``, shuffled by ``seed``: every rank of a data-parallel
+    run draws the same chunks in the same order, and trains its own share of each (``trainer.train``)."""
+    order = list(range(len(examples)))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    for i in range(0, len(order), batch_size):
+        yield [examples[j] for j in order[i : i + batch_size]]
+
+
 def iter_batches(
     examples: Sequence[Example],
     *,
@@ -283,8 +292,5 @@ def iter_batches(
     max_seq_len: int = 1024,
 ) -> Iterator[Batch]:
     """Shuffle (seeded per epoch) and yield micro-batches of ``batch_size`` examples."""
-    order = list(range(len(examples)))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    for i in range(0, len(order), batch_size):
-        chunk = [examples[j] for j in order[i : i + batch_size]]
+    for chunk in epoch_chunks(examples, batch_size=batch_size, seed=seed, epoch=epoch):
         yield collate(chunk, pad_id=pad_id, pack=pack, max_seq_len=max_seq_len)

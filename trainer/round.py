@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from schemas.config import Settings, policy_served_name
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
@@ -172,8 +174,51 @@ def train_once(
     return result
 
 
+@dataclass
+class _Job:
+    """What every rank trains: the rows, the parent's folder on this machine, the version it is."""
+
+    rows: pa.Table
+    parent_path: str | None
+    current: str | None
+
+
+@dataclass
+class _Plan:
+    """Rank 0's reading of a round: the job, and what recording the new version needs."""
+
+    job: _Job
+    data: TransitionData
+    start: int
+    parent: dict[str, Any] | None
+    skipped: dict[str, int]
+    line_versions: list[str] | None
+
+
 def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any) -> RoundResult:
-    """The round itself, for one line (``train``: ``trainer.train.train``, imported by the caller)."""
+    """The round itself, for one line (``train``: ``trainer.train.train``, imported by the caller).
+
+    In a data-parallel job (``trainer.distributed``) only rank 0 reads and writes the lake; every rank
+    trains on its reading. In one process ``share`` hands the plan back as it is."""
+    from trainer.ranks import is_main, share
+
+    plan = _plan_round(cfg, force=force, line=line) if is_main() else None
+    # Rank 0's decision on every rank: a skip, or the job (rank 0 fetched the parent's folder before this
+    # broadcast, which is the barrier before the other ranks load it).
+    job = share(plan.job if isinstance(plan, _Plan) else plan)
+    if isinstance(job, RoundResult):
+        return job
+    optimizer_state = load_optimizer_state(job.parent_path) if job.parent_path else None  # resume: AdamW moments
+    result = train(
+        cfg, job.rows, parent_path=job.parent_path, optimizer_state=optimizer_state, current_version=job.current
+    )
+    if plan is None:
+        return RoundResult(None, reason="a data-parallel rank other than 0: rank 0 records the version", agent=line)
+    return _record_round(cfg, plan, result, line=line)
+
+
+def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | RoundResult:
+    """What the round trains on and from which parent, or why it is skipped (a ``RoundResult``)."""
     lake = cfg.lake()
     registry = Registry(lake)
     lineage = Lineage(lake)
@@ -237,9 +282,17 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any)
     parent_path = (
         str(local_copy(parent, cache_dir=cfg.checkpoint_dir, storage_options=cfg.storage_options)) if parent else None
     )
-    optimizer_state = load_optimizer_state(parent_path) if parent_path else None  # resume: AdamW moments
-    result = train(cfg, rows, parent_path=parent_path, optimizer_state=optimizer_state, current_version=current)
-    offpolicy = with_skipped(result.offpolicy, skipped, current_version=current, line_versions=line_versions)
+    return _Plan(_Job(rows, parent_path, current), data, start, parent, skipped, line_versions)
+
+
+def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | None) -> RoundResult:
+    """Save, store and register the trained version, then its lineage (rank 0 alone in a data-parallel job)."""
+    lake = cfg.lake()
+    registry = Registry(lake)
+    lineage = Lineage(lake)
+    data, start, parent, current = plan.data, plan.start, plan.parent, plan.job.current
+    end, n = data.version_end, data.rows.num_rows
+    offpolicy = with_skipped(result.offpolicy, plan.skipped, current_version=current, line_versions=plan.line_versions)
 
     version, number = registry.next_version()
     credit = recorded_credit(lake, cfg.table, end)  # a variant's settings (or the pipeline's), as its commits say

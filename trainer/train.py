@@ -3,7 +3,14 @@
 ``train`` takes a config and transition rows and returns the trained model with its per-step
 metrics; saving and registering are the caller's (``trainer.round.train_once``). LoRA through
 peft is the default; ``finetune="full"`` trains every weight. On CUDA the forward pass runs
-under bf16 autocast (weights and optimizer stay fp32); on CPU everything is fp32.
+under bf16 autocast (weights and optimizer stay fp32; ``precision``); on CPU everything is fp32.
+
+Data-parallel (a torchrun job, ``trainer.distributed``): every rank draws the same micro-batches in the
+same order and trains its own shard of each, through DistributedDataParallel. A micro-batch's loss is
+a mean over its trained tokens (PPO, REINFORCE) or its sequences (GRPO); a rank scales its shard's
+mean by its share of that count, so the ranks' gradients sum to the one process's gradient over the
+same micro-batch, and the update is the same up to float error. Without a process group, the loop is
+the one-process loop: no wrapper, no communication, every share 1.
 
 Rows sampled by another policy version than ``current_version`` (the one the round starts from)
 are stale: before the first step one no-grad pass gives their proximal logprobs, and the loss
@@ -27,11 +34,13 @@ import pyarrow as pa
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from schemas.errors import ConfigError
 from trainer.config import TrainConfig
-from trainer.data import Batch, Example, collate, iter_batches, to_examples
+from trainer.data import Batch, Example, collate, epoch_chunks, to_examples
 from trainer.errors import TrainerError
 from trainer.losses import LossOutput, grpo_loss, ppo_clip_loss, reinforce_loss, token_logprobs
 from trainer.offpolicy import is_on_policy, source_stats, tis_enabled
+from trainer.ranks import all_reduce_sum, local_rank, world
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +55,7 @@ class TrainResult:
     tokens: int = 0
     seconds: float = 0.0
     offpolicy: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source version (trainer.offpolicy)
+    world_size: int = 1  # processes that trained it (data-parallel)
 
     @property
     def summary(self) -> dict[str, float]:
@@ -56,6 +66,8 @@ class TrainResult:
         out = {f"final_{k}": v for k, v in last.items() if k != "step"}
         out.update(first_loss=first["loss"], steps=float(len(self.history)), n_examples=float(self.n_examples))
         out.update(tokens=float(self.tokens), tokens_per_s=self.tokens / max(self.seconds, 1e-9))
+        if self.world_size > 1:
+            out.update(world_size=float(self.world_size))
         return out
 
 
@@ -63,6 +75,20 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def bf16_autocast(precision: str, device: torch.device) -> bool:
+    """Whether the forward pass runs under bf16 autocast: "auto" on CUDA, or "bf16" (CUDA only)."""
+    if precision == "bf16" and device.type != "cuda":
+        raise ConfigError(f'trainer.precision = "bf16" needs CUDA, and this run is on {device}: use "fp32" or "auto"')
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def shard_shares(algorithm: str, chunk: list[Example], mine: list[Example]) -> tuple[float, float]:
+    """(tokens, loss): this rank's share of the micro-batch ``chunk``'s trained tokens, and of its loss's
+    normalizer (its sequences for GRPO's per-sequence mean, else its trained tokens). 1 and 1 in one process."""
+    tokens = sum(sum(ex.loss_mask) for ex in mine) / sum(sum(ex.loss_mask) for ex in chunk)
+    return tokens, (len(mine) / len(chunk) if algorithm == "grpo" else tokens)
 
 
 def resolve_base_model(cfg: TrainConfig) -> Path:
@@ -95,11 +121,18 @@ def load_policy(cfg: TrainConfig, *, parent_path: str | None = None) -> tuple[to
 
 
 def policy_loss(
-    cfg: TrainConfig, logprobs: torch.Tensor, batch: Batch, ref_logprobs: torch.Tensor | None
+    cfg: TrainConfig,
+    logprobs: torch.Tensor,
+    batch: Batch,
+    ref_logprobs: torch.Tensor | None,
+    *,
+    baseline: float | None = None,
 ) -> LossOutput:
-    """The configured algorithm's loss on one micro-batch."""
+    """The configured algorithm's loss on one micro-batch (``baseline``: REINFORCE's, else the batch's own)."""
     if cfg.algorithm == "reinforce":
-        return reinforce_loss(logprobs, batch.returns, batch.mask, seq_index=batch.seq_index, n_seqs=batch.n_seqs)
+        return reinforce_loss(
+            logprobs, batch.returns, batch.mask, baseline=baseline, seq_index=batch.seq_index, n_seqs=batch.n_seqs
+        )
     kwargs: dict[str, Any] = dict(
         clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef
     )
@@ -175,8 +208,11 @@ def train(
     # --- setup ------------------------------------------------------------------------------
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    rank, n_ranks = world()  # (0, 1) without a process group
     device = pick_device(cfg.device)
-    use_bf16 = device.type == "cuda"
+    if n_ranks > 1 and device.type == "cuda":
+        device = torch.device("cuda", local_rank())  # one GPU per rank
+    use_bf16 = bf16_autocast(cfg.precision, device)
 
     def autocast() -> AbstractContextManager[Any]:
         return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
@@ -192,6 +228,11 @@ def train(
     ref_model = None
     if cfg.kl_coef > 0 and not hasattr(model, "disable_adapter"):
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    # Data-parallel: DDP starts every rank from rank 0's weights and averages the gradients in backward.
+    ddp = model
+    if n_ranks > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
     # --- data -------------------------------------------------------------------------------
     examples = to_examples(rows, max_seq_len=cfg.max_seq_len)
@@ -227,44 +268,59 @@ def train(
 
     # --- loop -------------------------------------------------------------------------------
     result = TrainResult(
-        model=model, tokenizer=tokenizer, optimizer=optimizer, n_examples=len(examples), offpolicy=offpolicy
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        n_examples=len(examples),
+        offpolicy=offpolicy,
+        world_size=n_ranks,
     )
     step = 0
     sums: dict[str, float] = {}
     n_micro = step_tokens = 0
     t_step = t_start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    with _progress(cfg.progress) as progress:
+    with _progress(cfg.progress and rank == 0) as progress:
         bar = progress.add_task("", total=total_steps)
         for epoch in range(cfg.epochs):
-            batches = iter_batches(
-                examples,
-                batch_size=cfg.batch_size,
-                seed=cfg.seed,
-                epoch=epoch,
-                pad_id=pad_id,
-                pack=cfg.pack,
-                max_seq_len=cfg.max_seq_len,
-            )
-            for i, batch in enumerate(batches):
+            for i, chunk in enumerate(epoch_chunks(examples, batch_size=cfg.batch_size, seed=cfg.seed, epoch=epoch)):
+                # This rank's shard of the micro-batch; a rank left without one trains a stand-in at share 0
+                # (DDP needs every rank's backward).
+                mine = chunk[rank::n_ranks]
+                token_share, loss_share = shard_shares(cfg.algorithm, chunk, mine)
+                batch = collate(mine or chunk[:1], pad_id=pad_id, pack=cfg.pack, max_seq_len=cfg.max_seq_len)
                 batch = batch.to(device)
-                with autocast():
-                    logprobs = forward_logprobs(model, batch)  # (B, T-1)
-                    ref_logprobs = None
-                    if cfg.kl_coef > 0:
-                        with torch.no_grad():
-                            if ref_model is not None:
-                                ref_logprobs = forward_logprobs(ref_model, batch)
-                            else:
-                                with model.disable_adapter():  # type: ignore[operator]
-                                    ref_logprobs = forward_logprobs(model, batch)
-                out = policy_loss(cfg, logprobs, batch, ref_logprobs)
-                (out.loss / cfg.grad_accum).backward()
-                for k, v in out.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                # REINFORCE's baseline is the micro-batch's mean return: the whole one's, not this shard's.
+                baseline = sum(ex.ret for ex in chunk) / len(chunk) if n_ranks > 1 else None
+                ends_step = n_micro + 1 == cfg.grad_accum or i + 1 == micro_per_epoch
+                # Gradients are averaged across ranks on the micro-batch that ends a step, not before.
+                with ddp.no_sync() if n_ranks > 1 and not ends_step else nullcontext():  # type: ignore[operator]
+                    with autocast():
+                        logprobs = forward_logprobs(ddp, batch)  # (B, T-1)
+                        ref_logprobs = None
+                        if cfg.kl_coef > 0:
+                            with torch.no_grad():
+                                if ref_model is not None:
+                                    ref_logprobs = forward_logprobs(ref_model, batch)
+                                else:
+                                    with model.disable_adapter():  # type: ignore[operator]
+                                        ref_logprobs = forward_logprobs(model, batch)
+                    out = policy_loss(cfg, logprobs, batch, ref_logprobs, baseline=baseline)
+                    # DDP averages over ranks: times n_ranks, so the shares sum to the micro-batch's mean.
+                    (out.loss * (loss_share * n_ranks) / cfg.grad_accum).backward()
+                metrics = {k: float(v) for k, v in out.metrics.items()}
+                tokens = batch.n_tokens if mine else 0
+                if n_ranks > 1:  # the micro-batch's metrics: each rank's part, weighted as its loss is
+                    shares = {"loss": loss_share, "pg_loss": loss_share, "baseline": 1 / n_ranks}
+                    summed = all_reduce_sum(
+                        [v * shares.get(k, token_share) for k, v in metrics.items()] + [tokens], device
+                    )
+                    metrics, tokens = dict(zip(metrics, summed[:-1], strict=True)), int(summed[-1])
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
                 n_micro += 1
-                step_tokens += batch.n_tokens
-                if n_micro < cfg.grad_accum and i + 1 < micro_per_epoch:
+                step_tokens += tokens
+                if not ends_step:
                     continue
                 # one optimizer step
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -283,15 +339,16 @@ def train(
                 )
                 result.history.append(metrics)
                 result.tokens += step_tokens
-                log.info(
-                    "step %d loss %.4f kl %.4f clip %.3f adv %.3f tok/s %.0f",
-                    step,
-                    metrics["loss"],
-                    metrics["kl"],
-                    metrics["clip_frac"],
-                    metrics["adv_mean"],
-                    metrics["tokens_per_s"],
-                )
+                if rank == 0:
+                    log.info(
+                        "step %d loss %.4f kl %.4f clip %.3f adv %.3f tok/s %.0f",
+                        step,
+                        metrics["loss"],
+                        metrics["kl"],
+                        metrics["clip_frac"],
+                        metrics["adv_mean"],
+                        metrics["tokens_per_s"],
+                    )
                 progress.update(
                     bar,
                     advance=1,

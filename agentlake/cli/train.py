@@ -30,11 +30,16 @@ def train(
         None, "--table", help="Train on this table: transitions, or a credit variant transitions__<name>."
     ),
     interval: float = typer.Option(60.0, "--interval", help="Seconds between polls without --once."),
+    nproc: int | None = typer.Option(
+        None, "--nproc", min=1, help="Train data-parallel in N processes (torchrun; default trainer.nproc)."
+    ),
     config: str | None = ConfigOption,
 ) -> None:
     """Train a new policy version on the transitions no earlier version trained on (each once).
 
-    With ``trainer.agents`` listed, one round per agent's policy line (``--agent``: the lines it matches)."""
+    With ``trainer.agents`` listed, one round per agent's policy line (``--agent``: the lines it matches).
+    With ``--nproc N`` > 1 each round is a torchrun job of N data-parallel processes on this machine
+    (``trainer.distributed``: gloo on CPU, NCCL with one GPU per process); publishing stays here."""
     from trainer.lines import train_lines
 
     settings = settings_or_exit(config)
@@ -48,12 +53,23 @@ def train(
             )
     given = dict(max_steps=max_steps, version_start=version_start, version_end=version_end, agent=agent, table=table)
     overrides = {k: v for k, v in given.items() if v is not None}
+    nproc = nproc or settings.trainer.nproc
     while True:
-        for result in train_lines(settings, force=force, **overrides):
+        if nproc > 1:
+            from trainer.distributed import launch
+
+            results = launch(settings, nproc=nproc, force=force, overrides=overrides, echo=_echo)
+        else:
+            results = train_lines(settings, force=force, **overrides)
+        for result in results:
             _report(settings, result, publish=publish)
         if once:
             return
         time.sleep(interval)
+
+
+def _echo(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
 
 
 def _report(settings: Settings, result: RoundResult, *, publish: bool) -> None:

@@ -1,7 +1,8 @@
 """The `policy` asset: train one version on new transitions and republish it to vLLM.
 
 A thin shell over ``trainer.lines.train_lines`` (one round per agent's policy line when
-``trainer.agents`` lists some, else ``trainer.round.train_once`` for the single policy) and
+``trainer.agents`` lists some, else ``trainer.round.train_once`` for the single policy; with
+``trainer.nproc`` > 1 as a data-parallel torchrun job, ``trainer.distributed.launch``) and
 ``trainer.publish.Publisher``; the metadata (loss, KL, reward, tokens/s, publish latency) is numeric
 so Dagster plots it across versions, prefixed ``<agent>/`` per line.
 """
@@ -43,7 +44,12 @@ def policy(context: AssetExecutionContext, trainer: TrainerResource) -> Material
 
     settings = trainer.settings()
     t0 = time.perf_counter()
-    results = train_lines(settings)  # one round per agent's policy line (trainer.agents), else the single policy
+    if settings.trainer.nproc > 1:  # data-parallel: a torchrun job, its log in this run's
+        from trainer.distributed import launch
+
+        results = launch(settings, nproc=settings.trainer.nproc, echo=context.log.info)
+    else:  # one round per agent's policy line (trainer.agents), else the single policy
+        results = train_lines(settings)
     if len(results) == 1 and results[0].agent is None:
         return MaterializeResult(metadata=_round(context, trainer, settings, results[0], t0))
     meta: dict[str, object] = {"trained": False}

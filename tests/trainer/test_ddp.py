@@ -1,0 +1,150 @@
+"""Data-parallel training (issue 12): two gloo processes under torchrun train a round as one process does."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from schemas.config import Settings, load_settings
+from schemas.lake import Lake
+from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+from trainer.distributed import FAIL_HOOK, launch
+from trainer.errors import TrainerError
+from trainer.registry import Registry
+from trainer.round import train_once
+
+# 9 rows in micro-batches of 4: chunks of 4, 4 and 1, so one rank trains a stand-in at share 0 in the last;
+# two micro-batches a step, two epochs: 4 optimizer steps, the last of each epoch a single micro-batch.
+TRAIN: dict[str, Any] = dict(
+    lora_rank=4, batch_size=4, grad_accum=2, epochs=2, learning_rate=1e-3, min_new_transitions=2, seed=3
+)
+N_ROWS = 9
+
+
+def _rows() -> list[dict[str, Any]]:
+    """Prompts and responses of different lengths, mixed advantages, some with behaviour logprobs."""
+    tok = build_tokenizer()
+    words = "what is two plus three four five six seven yes no maybe answer".split()
+    rng = random.Random(7)
+    out = []
+    for i in range(N_ROWS):
+        prompt = tok(" ".join(rng.choices(words, k=rng.randint(3, 8))))["input_ids"]
+        response = tok(" ".join(rng.choices(words, k=rng.randint(1, 6))))["input_ids"]
+        logprobs = [-rng.uniform(0.5, 3.0) for _ in response] if i % 3 else None
+        out.append(transition(i, prompt, response, advantage=rng.choice([-1.0, 0.5, 1.0]), logprobs=logprobs))
+    return out
+
+
+def _settings(lake: Path, model: Path, **trainer: Any) -> Settings:
+    return load_settings(
+        environ={},
+        overrides={
+            "lake": {"root": str(lake)},
+            "model": {"base": str(model)},
+            "trainer": {**TRAIN, **trainer},
+            "kafka": {"bootstrap_servers": ""},
+        },
+    )
+
+
+def _adapter(path: str | None) -> dict[str, torch.Tensor]:
+    assert path is not None
+    return load_file(str(Path(path) / "adapter_model.safetensors"))
+
+
+@pytest.mark.slow  # two trainings, one of them a torchrun job: over a minute on 2 busy cores
+def test_two_gloo_processes_give_one_process_losses_and_weights(tmp_path: Path, tiny_model_dir: Path) -> None:
+    rows = _rows()
+    one_lake, two_lake = tmp_path / "one", tmp_path / "two"
+    write_transitions(one_lake, rows)
+    write_transitions(two_lake, rows)
+
+    one = train_once(_settings(one_lake, tiny_model_dir), progress=False)
+    lines: list[str] = []
+    [two] = launch(_settings(two_lake, tiny_model_dir), nproc=2, overrides={"progress": False}, echo=lines.append)
+
+    assert one.version == two.version == "v0001"
+    assert len(one.history) == len(two.history) == 4
+    for a, b in zip(one.history, two.history, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
+        assert b["tokens"] == a["tokens"]  # every rank's real tokens, summed
+    assert two.metrics["world_size"] == 2.0 and "world_size" not in one.metrics
+    w1, w2 = _adapter(one.path), _adapter(two.path)
+    assert w1.keys() == w2.keys()
+    # LoRA's B starts at zero: training moved it, so equal weights say something
+    assert max(float(w1[k].abs().max()) for k in w1 if "lora_B" in k) > 1e-4
+    # AdamW divides each element's gradient by its own scale, so an element whose gradient is ~0 moves by
+    # float noise amplified toward lr: weights agree to a tenth of one step (lr 1e-3), and nearly all to 1e-6.
+    diffs = torch.cat([(w2[k] - w1[k]).abs().flatten() for k in w1])
+    assert float(diffs.max()) < 1e-4
+    assert float((diffs > 1e-6).float().mean()) < 0.01
+    print(f"final LoRA weights: max |2-process - 1-process| = {float(diffs.max()):.2e} over {diffs.numel()}")
+    # rank 0 alone wrote the registry and the lineage: one version, its 9 rows once
+    assert [r["version"] for r in Registry(Lake(str(two_lake))).rows()] == ["v0001"]
+    lineage = Lake(str(two_lake)).table("training_lineage")
+    assert lineage is not None and lineage.to_pyarrow_dataset().count_rows() == N_ROWS
+    assert any("[rank 0]" in line for line in lines)  # the job's log came through echo
+    print(f"per-step losses, 1 process: {[h['loss'] for h in one.history]}")
+    print(f"per-step losses, 2 processes: {[h['loss'] for h in two.history]}")
+
+
+def test_a_failing_rank_ends_the_job_with_its_error(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FAIL_HOOK is a test-only hook in trainer.distributed.main: rank 1 raises while rank 0 goes on into
+    # the round and waits for it in a collective.
+    lake = tmp_path / "lake"
+    write_transitions(lake, _rows())
+    monkeypatch.setenv(FAIL_HOOK, "1")
+    t0 = time.monotonic()
+    with pytest.raises(TrainerError, match=r"rank 1 of 2: TrainerError: injected failure on rank 1"):
+        launch(_settings(lake, tiny_model_dir), nproc=2, overrides={"progress": False}, echo=lambda _: None)
+    assert time.monotonic() - t0 < 120  # torchrun stops rank 0: no wait for the collective's timeout
+    assert Registry(Lake(str(lake))).rows() == []
+
+
+def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from dagster import materialize
+
+    from pipelines.assets.policy import policy
+    from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+
+    lake = tmp_path / "lake"
+    write_transitions(lake, _rows())
+    resource = TrainerResource(
+        lake=LakeResource(root=str(lake)),
+        kafka=KafkaResource(bootstrap_servers="127.0.0.1:1", spans_topic="s", rewards_topic="r"),
+        trainer={**TRAIN, "nproc": 2, "epochs": 1},
+        model={"base": str(tiny_model_dir)},
+        publish=False,
+    )
+    result = materialize([policy], resources={"trainer": resource})
+    assert result.success
+    [mat] = result.asset_materializations_for_node("policy")
+    assert mat.metadata["version"].value == "v0001"
+    assert mat.metadata["world_size"].value == 2.0
+    assert [r["version"] for r in Registry(Lake(str(lake))).rows()] == ["v0001"]
+
+
+def test_agentlake_train_nproc_runs_the_job_and_reports_rank_0s_round(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agentlake.cli import app
+
+    lake = tmp_path / "lake"
+    write_transitions(lake, _rows())
+    config = tmp_path / "agentlake.toml"
+    config.write_text(
+        f'[lake]\nroot = "{lake}"\n[state]\ndir = "{tmp_path / "state"}"\n[model]\nbase = "{tiny_model_dir}"\n'
+        "[trainer]\nlora_rank = 4\nbatch_size = 4\nmin_new_transitions = 2\n"
+    )
+    out = CliRunner().invoke(app, ["train", "--once", "--nproc", "2", "--max-steps", "1", "--config", str(config)])
+    assert out.exit_code == 0, out.output
+    assert f"v0001 from {N_ROWS} transitions" in out.output and "[rank 0]" in out.output
