@@ -12,14 +12,24 @@ the CPU is shared, so single runs drift.
 Publish latency (target < 2 s for LoRA on CPU): from a finished checkpoint folder to the first
 completion served under the adapter's name, through ``Publisher.publish`` (registry update,
 ``load_lora_adapter``, release event skipped: no Kafka here).
-On CUDA the table adds model FLOPs utilization (4 N flops per token for LoRA: no weight grads).
+On CUDA (bf16 autocast, ``trainer.precision = "auto"``) the table adds model FLOPs utilization: 6 N
+flops per token (the usual forward + backward count; a LoRA skips the frozen weights' gradients, so
+its real work is nearer 4 N) times our median tokens/s, over the GPU's peak dense bf16 flops
+(``PEAK_BF16``, by device name). On CPU it says the CUDA path was not run.
+
+``--nproc 2`` (the default) adds data-parallel throughput: the same steps as one torchrun job of 2
+gloo processes (each half of every batch, ``trainer.distributed``) against a job of 1, median
+tokens/s per step over ``--repeats`` alternating runs; the cores are split between the processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +50,8 @@ from trainer.train import pick_device, train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = REPO / ".agentlake" / "models" / "smollm2-135m"
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+# Peak dense bf16 flops by a substring of torch.cuda.get_device_name(); the first match wins.
+PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 
 
 def load_base(path: Path) -> tuple[torch.nn.Module, str]:
@@ -146,6 +157,41 @@ def publish_latency(base: torch.nn.Module, cfg: TrainConfig, url: str, served_na
     return result.seconds, time.perf_counter() - t0
 
 
+def bench_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        base_model=str(args.model), lora_rank=16, lora_alpha=32, batch_size=args.batch_size, max_steps=args.steps,
+        max_seq_len=args.prompt_len + args.response_len, algorithm="ppo", progress=False, learning_rate=1e-5,
+    )  # fmt: skip
+
+
+def ddp_worker(args: argparse.Namespace) -> None:
+    """One rank of a ``--nproc`` job (under torchrun): our loop's per-step tokens/s, written by rank 0."""
+    from trainer.ranks import process_group, world
+
+    with process_group(pick_device().type):
+        torch.manual_seed(0)
+        base, _ = load_base(args.model)
+        cfg = bench_config(args)
+        rows = synthetic_rows(args.steps * args.batch_size, args.prompt_len, args.response_len, 49152, seed=0)
+        ours(base, cfg.replace(max_steps=1), rows)  # warm-up
+        tps = ours(base, cfg, rows)
+        if world()[0] == 0:
+            Path(args.ddp_worker).write_text(json.dumps(tps))
+
+
+def ddp_tokens_per_s(args: argparse.Namespace, nproc: int) -> list[float]:
+    """Per-step tokens/s of one torchrun job of ``nproc`` processes (every core split between them)."""
+    with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
+        out = Path(tmp) / "tps.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        cmd += [__file__, "--ddp-worker", str(out), "--model", str(args.model), "--steps", str(args.steps)]
+        cmd += ["--batch-size", str(args.batch_size), "--prompt-len", str(args.prompt_len)]
+        cmd += ["--response-len", str(args.response_len)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=SMOLLM2)
@@ -156,14 +202,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--vllm-url", default=None)
     ap.add_argument("--served-name", default="agentlake-bench", help="adapter name; not the live policy's")
+    ap.add_argument("--nproc", type=int, default=2, help="data-parallel row: N gloo processes vs 1 (1: no row)")
+    ap.add_argument("--ddp-worker", default=None, help=argparse.SUPPRESS)  # a rank of the --nproc row's job
     args = ap.parse_args()
+    if args.ddp_worker:
+        return ddp_worker(args)
 
     torch.manual_seed(0)
     base, source = load_base(args.model)
-    cfg = TrainConfig(
-        base_model=str(args.model), lora_rank=16, lora_alpha=32, batch_size=args.batch_size, max_steps=args.steps,
-        max_seq_len=args.prompt_len + args.response_len, algorithm="ppo", progress=False, learning_rate=1e-5,
-    )  # fmt: skip
+    cfg = bench_config(args)
     rows = synthetic_rows(args.steps * args.batch_size, args.prompt_len, args.response_len, 49152, seed=0)
     ours_tps: list[float] = []
     plain_tps: list[float] = []
@@ -194,8 +241,22 @@ def main() -> None:
         n_params = sum(p.numel() for p in base.parameters())
         name = torch.cuda.get_device_name()
         peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-        if peak:
-            table.add_row("MFU (4N flops/token, bf16 peak)", f"{4 * n_params * best_ours / peak:.1%}", "")
+        mfu = f"{6 * n_params * med_ours / peak:.1%}" if peak else f"no peak known for {name}"
+        table.add_row(f"MFU (6N flops/token x median tokens/s, bf16 peak of {name})", mfu, "")
+    else:
+        table.add_row("CUDA path (bf16 autocast, MFU)", "not run: no CUDA device", "")
+    if args.nproc > 1:
+        one: list[float] = []
+        many: list[float] = []
+        for i in range(args.repeats):  # alternate who goes first, as above
+            for n in (1, args.nproc) if i % 2 == 0 else (args.nproc, 1):
+                (one if n == 1 else many).extend(ddp_tokens_per_s(args, n))
+        med_one, med_many = statistics.median(one), statistics.median(many)
+        table.add_row(
+            f"tokens/s per step, {args.nproc} gloo processes vs 1 (median)",
+            f"{med_many:.0f} vs {med_one:.0f} ({med_many / med_one:.2f}x)",
+            "",
+        )
     if args.vllm_url:
         call_s, first_s = publish_latency(base, cfg, args.vllm_url, args.served_name)
         table.add_row("publish call (load_lora_adapter + registry)", f"{call_s:.3f} s", "")
