@@ -148,3 +148,22 @@ def test_agentlake_train_nproc_runs_the_job_and_reports_rank_0s_round(tmp_path: 
     out = CliRunner().invoke(app, ["train", "--once", "--nproc", "2", "--max-steps", "1", "--config", str(config)])
     assert out.exit_code == 0, out.output
     assert f"v0001 from {N_ROWS} transitions" in out.output and "[rank 0]" in out.output
+
+
+def test_bf16_is_for_cuda_only() -> None:
+    from schemas.errors import ConfigError
+    from trainer.config import TrainConfig
+    from trainer.train import bf16_autocast
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert (bf16_autocast("auto", cpu), bf16_autocast("auto", cuda), bf16_autocast("fp32", cuda)) == (
+        False,
+        True,
+        False,
+    )
+    assert bf16_autocast("bf16", cuda) is True
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        bf16_autocast("bf16", cpu)
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        TrainConfig(precision="bf16", device="cpu").validate()
+    assert load_settings(environ={}, overrides={"trainer": {"precision": "bf16", "nproc": 2}}).trainer.nproc == 2
