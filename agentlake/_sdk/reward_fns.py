@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentlake._sdk.tracing import SdkError
+from schemas.messages import parse_messages
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
@@ -75,7 +76,7 @@ class Trajectory:
         if not self.calls:
             return []
         last = self.calls[-1]
-        return _messages(last.get("input_messages")) + _messages(last.get("output_messages"))
+        return parse_messages(last.get("input_messages")) + parse_messages(last.get("output_messages"))
 
     @property
     def tool_results(self) -> list[dict[str, Any]]:
@@ -98,18 +99,6 @@ def _object(text: str | None) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _messages(text: str | None) -> list[dict[str, Any]]:
-    if not text:
-        return []
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return [{"role": "unknown", "content": text}]
-    if isinstance(value, dict):
-        value = [value]
-    return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []
 
 
 RewardCallable = Callable[[Trajectory], "float | None"]

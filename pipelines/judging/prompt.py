@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from schemas.messages import parse_messages
+
 # Bump when the prompt's wording or the answer's format changes: it is part of every judgement's key,
 # so a changed prompt is a new question and is asked again.
 PROMPT_VERSION = "1"
@@ -35,18 +37,6 @@ def _content(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _messages(text: str | None) -> list[dict[str, Any]]:
-    if not text:
-        return []
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return [{"role": "unknown", "content": text}]
-    if isinstance(value, dict):
-        value = [value]
-    return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []
-
-
 def conversation(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The trajectory's conversation: its last call's input (tool results included) and output.
 
@@ -56,7 +46,7 @@ def conversation(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not calls:
         return []
     last = calls[-1]
-    return _messages(last.get("input_messages")) + _messages(last.get("output_messages"))
+    return parse_messages(last.get("input_messages")) + parse_messages(last.get("output_messages"))
 
 
 def cut(text: str, max_chars: int) -> str:
