@@ -243,13 +243,15 @@ def run_closed_loop(
 
     c = settings.collector
     collector = f"http://{c.host}:{c.http_port}"
-    agentlake.init(collector, service_name=kit.name, instrument_openai=False)
+    # The agents trace through this provider's tracer, not the global one: OpenTelemetry sets the global
+    # provider once per process, so a second loop in one process (tests) would send to the first's collector.
+    tracer = agentlake.init(collector, service_name=kit.name, instrument_openai=False).get_tracer(kit.name)
     gateway = f"http://{settings.gateway.host}:{settings.gateway.port}"
 
     report = LoopReport(agent=plan.agent, traffic=plan.traffic, eval_tasks=plan.eval_tasks)
     on_step(f"scoring the initial policy on {plan.eval_tasks} held-out tasks")
     report.eval_before = evaluate(settings, plan, on_progress=on_progress)
-    rounds = _Rounds(settings, plan, kit, gateway, bootstrap, on_step, on_progress)
+    rounds = _Rounds(settings, plan, kit, gateway, bootstrap, tracer, on_step, on_progress)
     if plan.traffic == "production":
         with LateRewards(collector, cwd=local.REPO_ROOT) as poster:
             rounds.poster = poster
@@ -274,6 +276,7 @@ class _Rounds:
     kit: AgentKit
     gateway: str
     bootstrap: str
+    tracer: otel_trace.Tracer
     on_step: Step
     on_progress: Step
     poster: LateRewards | None = None
@@ -301,6 +304,7 @@ class _Rounds:
             concurrency=plan.concurrency,
             temperature=plan.temperature,
             reward_span=not production,
+            tracer=self.tracer,
             on_done=lambda done, total: self.on_progress(f"{label}: {done}/{total} rollouts"),
         )
         import agentlake
