@@ -22,19 +22,16 @@ from typing import Any
 import httpx
 import polars as pl
 import pytest
-from dagster import materialize
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-from pipelines.assets import reward_functions, transitions
 from pipelines.decoding import KafkaRecord, decode_spans
 from pipelines.forget import Selector, execute
 from pipelines.incremental import update_trajectories
 from pipelines.judging.client import JudgeClient, JudgeUnavailableError
 from pipelines.judging.judge import LlmJudge, fingerprint
 from pipelines.judging.prompt import JudgeAnswerError, answer_schema, build_messages, cut, parse, ranks
-from pipelines.resources import CreditResource, LakeResource, TokenizerResource
 from pipelines.reward_functions import _chunks, affected_groups, group_members, score_trajectories
 from schemas.config import JudgeSettings, load_settings
 from schemas.errors import ConfigError
@@ -127,19 +124,8 @@ class JudgedLake(Lakeside):
 
     def judge(self, judge: dict[str, Any], *, backfill: bool = False, reward: str | None = "judge") -> dict[str, Any]:
         """Materialize `reward_functions` with the judge (then `transitions`); the asset's metadata."""
-        credit = {"advantage": "none", **({"reward": reward} if reward else {})}
         settings = JudgeSettings(**{"enabled": True, "rubric": RUBRIC, **judge}).resolved("unused", "agentlake-base")
-        resources = {
-            "lake": LakeResource(root=self.lake.root),
-            "credit": CreditResource(credit=credit, judge=settings.model_dump(mode="json")),
-            "tokenizer": TokenizerResource(),
-        }
-        config = {"ops": {"reward_functions": {"config": {"backfill": backfill}}}}
-        result = materialize([reward_functions], resources=resources, run_config=config)
-        assert result.success
-        meta = result.asset_materializations_for_node("reward_functions")[0].metadata
-        assert materialize([transitions], resources=resources).success
-        return {k: v.value for k, v in meta.items()}
+        return self.score(reward=reward, backfill=backfill, judge=settings.model_dump(mode="json"))
 
     def judged(self) -> pl.DataFrame:
         if self.lake.table("rewards") is None:

@@ -105,12 +105,16 @@ class Lakeside:
         self.lake.write("rewards", pa.Table.from_pylist([row], schema=REWARDS), txns={"kafka:r:0": 0})
         update_trajectories(self.lake, KAFKA, idle_timeout_s=1e9, now=NOW)
 
-    def score(self, *modules: str, reward: str | None = None, backfill: bool = False) -> dict[str, Any]:
-        """Materialize `reward_functions` (then `transitions`); the scoring asset's metadata."""
+    def score(
+        self, *modules: str, reward: str | None = None, backfill: bool = False, judge: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Materialize `reward_functions` (then `transitions`); the scoring asset's metadata.
+
+        ``judge``: the `[judge]` settings the asset's credit resource carries (test_judge.py)."""
         credit = {"reward_modules": list(modules), "advantage": "none", **({"reward": reward} if reward else {})}
         resources = {
             "lake": LakeResource(root=self.lake.root),
-            "credit": CreditResource(credit=credit),
+            "credit": CreditResource(credit=credit, judge=judge or {}),
             "tokenizer": TokenizerResource(),
         }
         config = {"ops": {"reward_functions": {"config": {"backfill": backfill}}}}
