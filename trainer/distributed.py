@@ -124,6 +124,24 @@ def launch(
         return [RoundResult(**r) for r in json.loads((run / RESULTS).read_text())]
 
 
+def train_rounds(
+    settings: Settings,
+    *,
+    nproc: int | None = None,
+    force: bool = False,
+    overrides: dict[str, Any] | None = None,
+    echo: Callable[[str], object] = print,
+) -> list[RoundResult]:
+    """The rounds of ``train_lines``, in this process or, with ``nproc`` (default ``trainer.nproc``) > 1,
+    as a data-parallel job (``launch``): the one choice the CLI and the `policy` asset both make."""
+    nproc = nproc or settings.trainer.nproc
+    if nproc > 1:
+        return launch(settings, nproc=nproc, force=force, overrides=overrides, echo=echo)
+    from trainer.lines import train_lines
+
+    return train_lines(settings, force=force, **(overrides or {}))
+
+
 def _failure(run: Path, nproc: int, code: int, last: list[str]) -> str:
     """The first rank's error (the others usually fail because it left), else torchrun's last lines."""
     errors = sorted((json.loads(p.read_text()) for p in run.glob("error-*.json")), key=lambda e: e["time"])

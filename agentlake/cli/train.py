@@ -40,7 +40,7 @@ def train(
     With ``trainer.agents`` listed, one round per agent's policy line (``--agent``: the lines it matches).
     With ``--nproc N`` > 1 each round is a torchrun job of N data-parallel processes on this machine
     (``trainer.distributed``: gloo on CPU, NCCL with one GPU per process); publishing stays here."""
-    from trainer.lines import train_lines
+    from trainer.distributed import train_rounds
 
     settings = settings_or_exit(config)
     if table is not None:
@@ -53,15 +53,8 @@ def train(
             )
     given = dict(max_steps=max_steps, version_start=version_start, version_end=version_end, agent=agent, table=table)
     overrides = {k: v for k, v in given.items() if v is not None}
-    nproc = nproc or settings.trainer.nproc
     while True:
-        if nproc > 1:
-            from trainer.distributed import launch
-
-            results = launch(settings, nproc=nproc, force=force, overrides=overrides, echo=_echo)
-        else:
-            results = train_lines(settings, force=force, **overrides)
-        for result in results:
+        for result in train_rounds(settings, nproc=nproc, force=force, overrides=overrides, echo=_echo):
             _report(settings, result, publish=publish)
         if once:
             return

@@ -40,16 +40,13 @@ GPU_TAGS = {"dagster-k8s/config": GPU_K8S_CONFIG, "agentlake/gpu": "1"}
     description="A new policy version trained on the transitions since the last one, published to vLLM.",
 )
 def policy(context: AssetExecutionContext, trainer: TrainerResource) -> MaterializeResult:
-    from trainer.lines import train_lines
+    from trainer.distributed import train_rounds
 
     settings = trainer.settings()
     t0 = time.perf_counter()
-    if settings.trainer.nproc > 1:  # data-parallel: a torchrun job, its log in this run's
-        from trainer.distributed import launch
-
-        results = launch(settings, nproc=settings.trainer.nproc, echo=context.log.info)
-    else:  # one round per agent's policy line (trainer.agents), else the single policy
-        results = train_lines(settings)
+    # one round per agent's policy line (trainer.agents), else the single policy; with trainer.nproc > 1
+    # a data-parallel torchrun job, its log in this run's
+    results = train_rounds(settings, echo=context.log.info)
     if len(results) == 1 and results[0].agent is None:
         return MaterializeResult(metadata=_round(context, trainer, settings, results[0], t0))
     meta: dict[str, object] = {"trained": False}
