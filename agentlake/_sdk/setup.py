@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
 from agentlake._sdk import openai as openai_hooks
+from agentlake._sdk.global_provider import install_global
 from agentlake._sdk.tracing import DEFAULT_ENDPOINT, RolloutStamper, state
 from schemas import attributes as A
 
@@ -36,6 +36,8 @@ def init(
     ``endpoint`` is the collector's base URL (default ``$AGENTLAKE_ENDPOINT`` or
     http://127.0.0.1:4318; for gRPC, host:port of port 4317). ``token`` becomes the bearer token
     that maps to your tenant. ``exporter`` replaces the OTLP exporter (tests, other backends).
+    With ``set_global`` (the default), tracers taken from OpenTelemetry's global provider write to
+    this provider, and to the next one if ``init`` is called again; the previous provider is shut down.
     """
     endpoint = (endpoint or os.environ.get("AGENTLAKE_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -62,7 +64,7 @@ def init(
         state.provider.shutdown()
     state.provider, state.endpoint, state.headers, state.agent_name = provider, endpoint, headers, agent_name
     if set_global:
-        trace.set_tracer_provider(provider)
+        install_global(provider)  # once per process; later inits re-point it (see global_provider)
     if instrument_openai:
         openai_hooks.instrument_openai()
     return provider
