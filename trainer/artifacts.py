@@ -18,9 +18,12 @@ bytes (``manifest_sha256``), so one registry value pins every byte of the versio
 Whoever loads a version (the next round resuming from it, ``Publisher`` for vLLM, `agentlake model
 publish|rollback`) asks :func:`local_copy` for a folder on this machine: the registered ``path`` or
 an earlier download when its manifest matches the registry (and every file has its size), else a
-download into ``<cache>/<version>-<hash prefix>/`` that checks each file's size and sha256 as it
+download into ``<cache>/<hash prefix>/<version>/`` that checks each file's size and sha256 as it
 arrives and is renamed into place only when all match. A mismatch is an ``ArtifactError`` that names
-the file.
+the file. The version is the last part of every folder this returns because vLLM reports an
+adapter's folder as its root and the gateway records ``<served name>@<last part of the root>`` as
+each call's policy version, which the trainer matches to registry versions
+(``trainer.offpolicy.source_of``); the hash prefix above it keeps two attempts at one name apart.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -184,7 +188,7 @@ def local_copy(
         folder = Path(local_path(uri))
         verify_folder(folder, digest, hashes=False)  # raises, naming what is missing or changed
         return folder
-    cached = Path(cache_dir).absolute() / f"{version}-{digest[:KEY_HASH_CHARS]}"
+    cached = Path(cache_dir).absolute() / digest[:KEY_HASH_CHARS] / version  # the version last: see the docstring
     if _intact(cached, digest):
         return cached
     return _download(version, uri, digest, cached, storage_options)
@@ -202,9 +206,13 @@ def _download(version: str, uri: str, digest: str, dest: Path, storage_options: 
             f"{version}: {MANIFEST_FILE} at {uri} has sha256 {got}, the registry recorded {digest}: "
             "the stored artifact was changed after it was registered; refusing to use it"
         )
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    # A temporary sibling of ``dest``, unique to this call (other processes or threads may fetch the
+    # same version at once), so the rename into place is atomic on one file system.
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as exc:
+        raise ArtifactError(f"{version}: cannot create a folder beside {dest} to download into ({exc})") from exc
     total = 0
     try:
         for rel, entry in _manifest_files(data, f"{uri}/{MANIFEST_FILE}").items():

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from collectors.gateway.recording import served_policy
+from tests.objectstore import ObjectStore
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version, verify_folder, write_manifest
 from trainer.errors import ArtifactError
+from trainer.offpolicy import source_of
 
 
 def _version_folder(root: Path) -> Path:
@@ -76,3 +79,23 @@ def test_a_manifest_naming_a_path_outside_its_folder_is_refused(tmp_path: Path) 
     (folder / MANIFEST_FILE).write_bytes(data)
     with pytest.raises(ArtifactError, match="a path outside the version folder"):
         verify_folder(folder, hashlib.sha256(data).hexdigest())
+
+
+def test_a_downloaded_version_is_loaded_from_a_folder_named_after_it(object_store: ObjectStore, tmp_path: Path) -> None:
+    """vLLM reports the folder it loaded as the adapter's root; the gateway records its last part.
+
+    A download into ``<cache>/<version>-<hash>/`` made every call to that adapter ``policy@v0001-<hash>``,
+    which is no registry version: the trainer saw none of that data as on-policy.
+    """
+    root, opts = object_store.lake_root(), object_store.storage_options
+    stored = store_version(_version_folder(tmp_path / "trainer"), lake_root=root, version="v0001", storage_options=opts)
+    row = {"version": "v0001", "path": None, "artifact_uri": stored.uri, "manifest_sha256": stored.manifest_sha256}
+    cache = tmp_path / "cache"
+    folder = local_copy(row, cache_dir=cache, storage_options=opts)
+    assert folder == cache / stored.manifest_sha256[:16] / "v0001"
+    verify_folder(folder, stored.manifest_sha256)
+    _, recorded = served_policy("policy", {"policy": ("base", str(folder))})
+    assert recorded == "policy@v0001" and source_of(recorded) == "v0001"
+    # A second fetch uses the verified copy, and no temporary folder is left beside it.
+    assert local_copy(row, cache_dir=cache, storage_options=opts) == folder
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["v0001"]
