@@ -130,6 +130,7 @@ class KafkaSettings(_Section):
     spans_topic: str = topics.SPANS_TOPIC
     rewards_topic: str = topics.REWARDS_TOPIC
     models_topic: str = topics.MODELS_TOPIC
+    model_acks_topic: str = topics.MODEL_ACKS_TOPIC  # replicas' answers to release commands (trainer.loader)
     partitions: int = Field(4, ge=1, le=1024)
     # Topics we create: copies of each partition (the local broker has one node: 1), the largest
     # record batch, and how long records are kept (-1: forever; Kafka is the log every table is
@@ -171,6 +172,10 @@ class KafkaSettings(_Section):
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ValueError("a client certificate needs both kafka.ssl_certfile and kafka.ssl_keyfile")
         return self
+
+    def our_topics(self) -> tuple[str, ...]:
+        """Every topic agentlake produces to, in the order `agentlake up` creates them."""
+        return (self.spans_topic, self.rewards_topic, self.models_topic, self.model_acks_topic)
 
     def topic_configs(self) -> dict[str, str]:
         """The configs our topics are created with (CreateTopics ``configs``)."""
@@ -382,10 +387,41 @@ class VllmSettings(_Section):
     max_model_len: int = Field(2048, ge=64)
     max_lora_rank: int = Field(16, ge=1)
     startup_timeout_s: float = Field(600.0, gt=0)
+    # How a full-weight version is served where no CLI manages this vLLM (the `policy` asset in Dagster):
+    # argv run with "{folder}" replaced by the version's local folder; it must return once vLLM restarts on
+    # it (trainer.restart). Empty: only `agentlake model publish`, which restarts the local vLLM, can.
+    restart_command: list[str] = Field(default_factory=list)
+    # vLLM started with --api-key wants it on every call: read from this environment variable (vLLM's own
+    # name by default), never from a file; unset or empty: no key is sent.
+    api_key_env: str = Field("VLLM_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def api_key(self) -> str:
+        """The key vLLM wants, from ``api_key_env`` ("" when unset)."""
+        return os.environ.get(self.api_key_env, "")
+
+
+class ServingSettings(_Section):
+    """The release bus: vLLM replicas, each with a loader beside it (`agentlake loader`, trainer.loader).
+
+    A publisher with ``replicas`` sends a release command on ``kafka.models_topic`` and waits up to
+    ``ack_timeout_s`` for an ack from each of them on ``kafka.model_acks_topic``; empty ``replicas``:
+    the trainer loads its one vLLM (``vllm.url``) directly. ``replica`` and ``vllm_url`` are the loader's
+    own: its name in acks and the vLLM beside it (empty: ``vllm.url``). ``loader``: `agentlake up` starts a
+    loader beside the local vLLM. ``cache_dir``: where the loader keeps downloaded versions (empty:
+    ``<model.cache_dir>/serving``).
+    """
+
+    replica: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$")
+    vllm_url: str = ""
+    replicas: list[str] = Field(default_factory=list)
+    ack_timeout_s: float = Field(120.0, gt=0)
+    loader: bool = False
+    cache_dir: Path | None = None
+    check_prompt: str = "Hello"  # the one generation that proves a loaded adapter answers
 
 
 class DagsterSettings(_Section):
@@ -447,6 +483,9 @@ class TrainerSettings(_Section):
     nproc: int = Field(1, ge=1)
     # The forward pass: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32", or "bf16" (CUDA only).
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # Held-out tasks (JSONL of {"prompt", "answer"}) that gate every publish, from the CLI and from the
+    # `policy` asset alike: a version scoring lower than the serving one is `rejected` (trainer.eval_gate).
+    eval_tasks: Path | None = None
 
     @field_validator("agents")
     @classmethod
@@ -592,6 +631,7 @@ class Settings(_Section):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     dagster: DagsterSettings = Field(default_factory=DagsterSettings)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     credit: CreditSettings = Field(default_factory=CreditSettings)

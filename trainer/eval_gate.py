@@ -21,15 +21,33 @@ class EvalTask:
     answer: str  # the completion must contain it
 
 
-def load_eval_tasks(path: str | Path) -> list[EvalTask]:
-    """Held-out tasks, one JSON object per line: {"prompt": ..., "answer": ...}."""
+def load_eval_tasks(path: str | Path | None) -> list[EvalTask]:
+    """Held-out tasks, one JSON object per line: {"prompt": ..., "answer": ...}; none for no path.
+
+    A missing file, a line that is not JSON or lacks a field is a ``PublishError`` naming the line,
+    raised before any model is loaded or scored."""
+    if path is None:
+        return []
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PublishError(f"evaluation tasks {path} cannot be read ({exc.strerror or exc})") from exc
     tasks = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            obj = json.loads(line)
-            if not isinstance(obj.get("prompt"), str) or not isinstance(obj.get("answer"), str):
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise PublishError(f"{path}:{i}: not a JSON object ({exc})") from exc
+            if (
+                not isinstance(obj, dict)
+                or not isinstance(obj.get("prompt"), str)
+                or not isinstance(obj.get("answer"), str)
+            ):
                 raise PublishError(f"{path}:{i}: each line needs string fields 'prompt' and 'answer'")
             tasks.append(EvalTask(obj["prompt"], obj["answer"]))
+    if not tasks:
+        raise PublishError(f"evaluation tasks {path} holds no task: a gate on nothing would pass every version")
     return tasks
 
 
