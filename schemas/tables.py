@@ -37,7 +37,7 @@ _kafka_origin = [
 # --- bronze ------------------------------------------------------------------------------------
 SPANS = _versioned(
     "spans",
-    3,
+    4,
     [
         pa.field("tenant", pa.string(), nullable=False),
         pa.field("trace_id", pa.string(), nullable=False),  # 32 lowercase hex digits
@@ -78,6 +78,10 @@ SPANS = _versioned(
         # none fired); null in rows stored before v3, and in rows decoded without redaction. Last, where
         # an older table gains it on its next write (Lake.write merges the schema).
         pa.field("redacted", pa.list_(pa.string())),
+        # v4: the sha256 of the served adapter's manifest.json (the registry's manifest_sha256), as the
+        # gateway read it from the adapter's folder; null where it could not (another host, a base model,
+        # a version without a manifest) and in rows stored before v4. Last, as `redacted`.
+        pa.field("policy_sha256", pa.string()),
     ],
 )
 
@@ -130,6 +134,7 @@ LLM_CALL = pa.struct(
         pa.field("completion_logprobs", pa.list_(pa.float32())),
         pa.field("input_messages", pa.string()),
         pa.field("output_messages", pa.string()),
+        pa.field("policy_sha256", pa.string()),  # trajectories v2 (spans v4); absent in older rows
     ]
 )
 
@@ -146,7 +151,7 @@ REWARD_ENTRY = pa.struct(
 
 TRAJECTORIES = _versioned(
     "trajectories",
-    1,
+    2,  # v2: calls[].policy_sha256
     [
         pa.field("rollout_id", pa.string(), nullable=False),
         pa.field("attempt_id", pa.string()),
@@ -172,7 +177,7 @@ TRAJECTORIES = _versioned(
 # --- gold --------------------------------------------------------------------------------------
 TRANSITIONS = _versioned(
     "transitions",
-    3,  # v3: reward_source
+    4,  # v3: reward_source; v4: policy_sha256
     [
         # rollout_id/attempt_id/step, + "@<tenant>" for any tenant but "default" (pipelines/keys.py)
         pa.field("transition_id", pa.string(), nullable=False),
@@ -204,6 +209,10 @@ TRANSITIONS = _versioned(
         pa.field("merged_calls", pa.int32(), nullable=False),
         pa.field("created_at", _ts, nullable=False),
         pa.field("day", pa.date32(), nullable=False),
+        # v4: the sha256 of the manifest of the adapter that served the call (spans.policy_sha256), which
+        # with policy_version says exactly which registered files sampled the row; null when unknown
+        # and in rows from before v4.
+        pa.field("policy_sha256", pa.string()),
     ],
 )
 
@@ -325,9 +334,12 @@ REWARD_EVENT = _versioned(
     ],
 )
 
+# An announcement (published | failed | rolled_back: serving already changed) or, since v2, a command
+# (release: "serve `version` under `served_name`") that each replica's loader (trainer.loader) carries
+# out and answers on the acks topic with a MODEL_RELEASE_ACK of the same release_id.
 MODEL_RELEASE_EVENT = _versioned(
     "model_release_event",
-    1,
+    2,
     [
         pa.field("version", pa.string(), nullable=False),
         pa.field("served_name", pa.string(), nullable=False),
@@ -335,10 +347,41 @@ MODEL_RELEASE_EVENT = _versioned(
         pa.field("kind", pa.string(), nullable=False),
         pa.field("path", pa.string(), nullable=False),
         pa.field("parent_version", pa.string()),
-        pa.field("status", pa.string(), nullable=False),  # published | failed | rolled_back
+        pa.field("status", pa.string(), nullable=False),  # published | failed | rolled_back | release (v2)
         pa.field("timestamp", _ts, nullable=False),
         pa.field("error", pa.string()),
+        # v2, set on release commands: the id acks answer to, where the files are and the hash that pins them,
+        # and the replicas that should act (empty or null: every replica)
+        pa.field("release_id", pa.string()),
+        pa.field("artifact_uri", pa.string()),
+        pa.field("manifest_sha256", pa.string()),
+        pa.field("targets", pa.list_(pa.string())),
     ],
+)
+
+# A replica's answer to one release command: what was asked, whether it worked, and what the replica
+# serves under `served_name` after handling it (read back from vLLM, hashed from the manifest it loaded).
+_release_ack_fields = [
+    pa.field("release_id", pa.string(), nullable=False),
+    pa.field("replica", pa.string(), nullable=False),
+    pa.field("served_name", pa.string(), nullable=False),
+    pa.field("version", pa.string(), nullable=False),  # requested
+    pa.field("manifest_sha256", pa.string()),  # requested
+    pa.field("ok", pa.bool_(), nullable=False),
+    pa.field("error", pa.string()),
+    pa.field("serving_version", pa.string()),  # null: nothing is served under served_name
+    pa.field("serving_sha256", pa.string()),
+    pa.field("seconds", pa.float64(), nullable=False),  # handling time on the replica
+    pa.field("timestamp", _ts, nullable=False),
+]
+MODEL_RELEASE_ACK = _versioned("model_release_ack", 1, _release_ack_fields)
+
+# Every release ack a publisher read (trainer.served): the latest row per (replica, served_name) is what
+# that replica serves now.
+SERVED_VERSIONS = _versioned(
+    "served_versions",
+    1,
+    [*_release_ack_fields, pa.field("recorded_at", _ts, nullable=False)],
 )
 
 TABLES: dict[str, pa.Schema] = {
@@ -351,11 +394,13 @@ TABLES: dict[str, pa.Schema] = {
     "quarantine": QUARANTINE,
     "deletions": DELETIONS,
     "judgements": JUDGEMENTS,
+    "served_versions": SERVED_VERSIONS,
 }
 
 EVENTS: dict[str, pa.Schema] = {
     "reward_event": REWARD_EVENT,
     "model_release_event": MODEL_RELEASE_EVENT,
+    "model_release_ack": MODEL_RELEASE_ACK,
 }
 
 # By day only, not by tenant: the pipeline commits small batches holding rows of every tenant, so a
@@ -374,6 +419,7 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     "quarantine": [],
     "deletions": [],
     "judgements": [],
+    "served_versions": [],
 }
 
 # Columns holding what users and agents wrote (messages, attribute values, error text). Delta keeps

@@ -5,7 +5,9 @@ from __future__ import annotations
 SPANS_TOPIC = "agentlake.spans.v1"
 REWARDS_TOPIC = "agentlake.rewards.v1"
 MODELS_TOPIC = "agentlake.models.v1"
-ALL_TOPICS: tuple[str, ...] = (SPANS_TOPIC, REWARDS_TOPIC, MODELS_TOPIC)
+# Replicas' answers to release commands (MODEL_RELEASE_ACK JSON), keyed by replica name.
+MODEL_ACKS_TOPIC = "agentlake.models.acks.v1"
+ALL_TOPICS: tuple[str, ...] = (SPANS_TOPIC, REWARDS_TOPIC, MODELS_TOPIC, MODEL_ACKS_TOPIC)
 
 # Headers on every record we produce (values are UTF-8 bytes).
 HEADER_TENANT = "agentlake-tenant"
@@ -16,7 +18,8 @@ HEADER_CONTENT_TYPE = "agentlake-content-type"
 # Span records: value = an OTLP ExportTraceServiceRequest (protobuf) holding the spans of one
 # trace from one request; key = rollout id, else the trace id as 32 lowercase hex digits.
 SPANS_CONTENT_TYPE = "application/x-protobuf; otlp=ExportTraceServiceRequest"
-# Reward and model records: value = one UTF-8 JSON object matching REWARD_EVENT / MODEL_RELEASE_EVENT.
+# Reward and model records: value = one UTF-8 JSON object matching REWARD_EVENT / MODEL_RELEASE_EVENT /
+# MODEL_RELEASE_ACK.
 JSON_CONTENT_TYPE = "application/json"
 
 DEFAULT_TENANT = "default"

@@ -16,6 +16,7 @@ def fresh_kafka(bootstrap: str, *, prefix: str = "test", partitions: int = 4) ->
         spans_topic=f"{prefix}.spans.{suffix}",
         rewards_topic=f"{prefix}.rewards.{suffix}",
         models_topic=f"{prefix}.models.{suffix}",
+        model_acks_topic=f"{prefix}.acks.{suffix}",
         partitions=partitions,
     )
     ensure_topics(settings, bootstrap)

@@ -68,7 +68,7 @@ def ensure_topics(
     from kafka.admin import NewTopic
     from kafka.errors import InvalidReplicationFactorError, KafkaError, TopicAlreadyExistsError
 
-    wanted = list(topics or (settings.spans_topic, settings.rewards_topic, settings.models_topic))
+    wanted = list(topics or settings.our_topics())
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:

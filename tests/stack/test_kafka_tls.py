@@ -51,6 +51,7 @@ def tls_settings(broker: TlsBroker, tls: TlsFiles, tmp_path: Path, **kafka: obje
                 "spans_topic": f"tls.spans.{tmp_path.name}",
                 "rewards_topic": f"tls.rewards.{tmp_path.name}",
                 "models_topic": f"tls.models.{tmp_path.name}",
+                "model_acks_topic": f"tls.acks.{tmp_path.name}",
                 "security_protocol": "SSL",
                 "ssl_cafile": str(tls.ca),
                 "ssl_certfile": str(tls.client_cert),
@@ -88,7 +89,7 @@ def test_every_client_over_mutual_tls(broker: TlsBroker, tls: TlsFiles, tmp_path
 
     s = tls_settings(broker, tls, tmp_path)
     k = s.kafka
-    assert ensure_topics(k, broker.bootstrap, timeout_s=20) == [k.spans_topic, k.rewards_topic, k.models_topic]
+    assert ensure_topics(k, broker.bootstrap, timeout_s=20) == list(k.our_topics())
     assert kafka_ok(k, broker.bootstrap)
 
     with running_collector(s) as server:

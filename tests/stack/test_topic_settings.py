@@ -31,6 +31,7 @@ def settings(bootstrap: str, **values: Any) -> KafkaSettings:
         spans_topic=f"t.spans.{suffix}",
         rewards_topic=f"t.rewards.{suffix}",
         models_topic=f"t.models.{suffix}",
+        model_acks_topic=f"t.acks.{suffix}",
         **values,
     )
 
@@ -54,7 +55,7 @@ def described(admin: Any, topic: str) -> dict[str, str]:
 def test_new_topics_carry_the_settings(kafka_bootstrap: str, admin: Any) -> None:
     k = settings(kafka_bootstrap, partitions=3, max_message_bytes=5_000_000, retention_ms=86_400_000)
     created = ensure_topics(k, kafka_bootstrap)
-    assert created == [k.spans_topic, k.rewards_topic, k.models_topic]
+    assert created == [k.spans_topic, k.rewards_topic, k.models_topic, k.model_acks_topic]
     for topic in created:
         configs = described(admin, topic)
         assert configs["max.message.bytes"] == "5000000"
@@ -95,7 +96,7 @@ def test_an_existing_smaller_topic_is_warned_about(
     admin.create_topics([NewTopic(k.spans_topic, 1, 1, topic_configs={"max.message.bytes": "1048588"})])
     with caplog.at_level(logging.WARNING, logger="agentlake.stack.broker"):
         created = ensure_topics(k, kafka_bootstrap)
-    assert created == [k.rewards_topic, k.models_topic]
+    assert created == [k.rewards_topic, k.models_topic, k.model_acks_topic]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings  # only the old topic: the new ones take what we send
     assert k.spans_topic in warnings[0] and "1048588" in warnings[0] and "413" in warnings[0]
