@@ -21,6 +21,13 @@ Failure: nothing about serving changes (an in-place load that failed is followed
 the serving version's folder), the row becomes ``failed`` with the error, a ``failed`` release
 event goes out, and ``PublishError`` is raised. Rollback re-loads the previous version's folder.
 
+Replicas (``serving.replicas``): the release bus. ``publish`` and ``rollback`` send a ``release`` command
+on the models topic and wait for an ack from every replica's loader (trainer.release_bus, trainer.loader);
+the version is ``published`` only if every replica acked ok and serves its manifest hash. Otherwise it is
+``failed`` with each replica's error, and a command for the version that was serving brings every
+replica back to it. Each ack read is kept in ``served_versions`` (trainer.served). The trainer then
+touches no vLLM itself, and the folders move through the lake's object store.
+
 Policy lines (``trainer.lines``): a version of an agent's line (``model_versions.agent``) is loaded
 under that line's name (``agentlake-policy-planner``), compared with, restored to and rolled back to
 within its own line; the other lines' adapters are not touched.
@@ -46,7 +53,9 @@ from trainer.errors import ArtifactError, PublishError, RegistryError
 from trainer.eval_gate import EvalTask, score
 from trainer.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
 from trainer.registry import Registry
-from trainer.releases import release_event, send_release_event
+from trainer.release_bus import ReleaseOutcome, release
+from trainer.releases import release_command, release_event, send_release_event
+from trainer.served import record_acks
 from trainer.vllm_client import VllmClient
 
 log = logging.getLogger(__name__)
@@ -79,6 +88,9 @@ class Publisher:
     eval_tasks: Sequence[EvalTask] = ()
     timeout_s: float = 120.0
     cache_dir: Path = Path(".agentlake/models")  # where versions fetched from the lake are kept
+    api_key: str = ""  # vLLM's --api-key, sent as a bearer token
+    replicas: Sequence[str] = ()  # non-empty: publish through the release bus to these loaders
+    ack_timeout_s: float = 120.0
 
     @classmethod
     def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
@@ -93,6 +105,9 @@ class Publisher:
             gateway_url=gw.url,
             gateway_headers=gw.admin_headers(),
             kafka=settings.kafka,
+            api_key=settings.vllm.api_key(),
+            replicas=tuple(settings.serving.replicas),
+            ack_timeout_s=settings.serving.ack_timeout_s,
             **kwargs,
         )
 
@@ -104,8 +119,10 @@ class Publisher:
         """Make ``version`` the served one of its line, or leave serving as it was and record why not."""
         row = self.registry.get(version)
         serving = self.registry.serving(agent=row.get("agent"))
+        if self.replicas:
+            return self._publish_bus(row, serving)
         name = self.name_of(row)
-        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s)
+        client = self._client()
         t0 = time.perf_counter()
         scores: dict[str, float] = {}
         try:
@@ -151,7 +168,9 @@ class Publisher:
                 raise RegistryError(f"{current['version']} is the first published version; no earlier one to serve")
             to_version = max(earlier, key=lambda r: r["published_at"])["version"]
         target = self.registry.get(to_version)
-        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s)
+        if self.replicas:
+            return self._rollback_bus(current, target)
+        client = self._client()
         t0 = time.perf_counter()
         try:
             folder = self.local_folder(target)
@@ -164,13 +183,76 @@ class Publisher:
             raise
         finally:
             client.close()
+        return self._rolled_back(current, to_version, t0)
+
+    def _rolled_back(self, current: dict[str, Any], to_version: str, t0: float) -> PublishResult:
+        """Record and announce that ``to_version`` serves again in place of ``current``."""
         now = dt.datetime.now(dt.UTC)
         self.registry.set_status(current["version"], "rolled_back", error=f"rolled back to {to_version}")
         self.registry.set_status(to_version, "published", published_at=now)
         err = send_release_event(self.kafka, release_event(current, "rolled_back", served_name=self.name_of(current)))
         return PublishResult(to_version, "rolled_back", time.perf_counter() - t0, current["version"], event_error=err)
 
+    # -- the release bus -------------------------------------------------------------------------
+    def _release(self, row: dict[str, Any]) -> ReleaseOutcome:
+        """Send a release command for ``row`` to every replica and keep the acks in ``served_versions``."""
+        if self.kafka is None:
+            raise PublishError("serving.replicas is set but no Kafka is configured: the release bus runs on Kafka")
+        if row["kind"] != "lora":
+            raise PublishError(
+                f"{row['version']} is a full-weight version; the release bus hot-loads LoRA adapters only "
+                "(restart each replica on the new weights, or train with trainer.finetune = 'lora')"
+            )
+        if self.eval_tasks:
+            raise PublishError("the evaluation gate is not run through the release bus yet; leave eval tasks unset")
+        if not row.get("artifact_uri") or not row.get("manifest_sha256"):
+            raise PublishError(f"{row['version']} has no stored artifact for replicas to fetch; train a new version")
+        command = release_command(row, served_name=self.name_of(row))
+        outcome = release(self.kafka, command, self.replicas, timeout_s=self.ack_timeout_s)
+        try:
+            record_acks(self.registry.lake, outcome.acks.values())
+        except Exception as exc:  # the record is a view of the acks; serving is what it is
+            log.warning("could not record the acks of %s in served_versions: %s", row["version"], exc)
+        return outcome
+
+    def _publish_bus(self, row: dict[str, Any], serving: dict[str, Any] | None) -> PublishResult:
+        t0 = time.perf_counter()
+        try:
+            outcome = self._release(row)
+            error = outcome.summary()
+        except PublishError as exc:
+            error = str(exc)
+        if not error:
+            return self._finish(row, "published", t0, serving, {})
+        if serving is not None and serving["version"] != row["version"]:
+            self._bus_restore(serving)
+        self._finish(row, "failed", t0, serving, {}, error=error)
+        raise PublishError(f"{row['version']} was not published: {error}")
+
+    def _bus_restore(self, serving: dict[str, Any]) -> None:
+        """Bring every replica back to the serving version (those that kept it answer at once)."""
+        try:
+            if back := self._release(serving).summary():
+                log.warning("replicas not back on %s: %s", serving["version"], back)
+        except PublishError as exc:
+            log.warning("could not send replicas back to %s: %s", serving["version"], exc)
+
+    def _rollback_bus(self, current: dict[str, Any], target: dict[str, Any]) -> PublishResult:
+        t0 = time.perf_counter()
+        try:
+            error = self._release(target).summary()
+        except PublishError as exc:
+            error = str(exc)
+        if error:
+            self._bus_restore(current)
+            self.registry.set_status(current["version"], "published", error=f"rollback failed: {error}")
+            raise PublishError(f"rollback to {target['version']} failed: {error}")
+        return self._rolled_back(current, target["version"], t0)
+
     # -- steps ----------------------------------------------------------------------------------
+    def _client(self) -> VllmClient:
+        return VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
+
     def local_folder(self, row: dict[str, Any]) -> str:
         """The version's folder on this machine, fetched from the lake and verified when it is not here."""
         try:

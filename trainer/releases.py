@@ -1,7 +1,10 @@
-"""Release events: what the models topic hears when a version is published, fails or is rolled back.
+"""Release events on the models topic: announcements, release commands, and how they travel as JSON.
 
-Serving has already changed when an event is sent, so sending never raises: a Kafka that is away
-or refuses the event is logged and its error text is returned for the publish result.
+Announcements (``published``, ``failed``, ``rolled_back``) say that serving has already changed, so
+sending one never raises: a Kafka that is away or refuses it is logged and its error text is returned
+for the publish result. A release command (``release``: "serve this version under this name") is what
+the replicas' loaders act on (trainer.loader); the publisher that sends one waits for their acks
+(trainer.release_bus), and a command that could not be sent is a failed publish.
 """
 
 from __future__ import annotations
@@ -9,7 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import uuid
+from collections.abc import Sequence
 from typing import Any
+
+import pyarrow as pa
 
 from schemas import topics
 from schemas.config import KafkaSettings
@@ -17,6 +24,8 @@ from schemas.tables import MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
 
 log = logging.getLogger(__name__)
+
+RELEASE = "release"  # the status of a command; the others are announcements
 
 
 def release_event(row: dict[str, Any], status: str, *, served_name: str, error: str | None = None) -> dict[str, Any]:
@@ -35,28 +44,53 @@ def release_event(row: dict[str, Any], status: str, *, served_name: str, error: 
     return validate_record(event, MODEL_RELEASE_EVENT)
 
 
-def send_release_event(kafka: KafkaSettings | None, event: dict[str, Any]) -> str | None:
-    """Produce the event on the models topic; returns an error text instead of raising (serving changed)."""
+def release_command(row: dict[str, Any], *, served_name: str, targets: Sequence[str] = ()) -> dict[str, Any]:
+    """A ``release`` command for a registry row: a new ``release_id``, where its files are and their hash."""
+    event = release_event(row, RELEASE, served_name=served_name)
+    event.update(
+        release_id=str(uuid.uuid4()),
+        artifact_uri=row.get("artifact_uri"),
+        manifest_sha256=row.get("manifest_sha256"),
+        targets=list(targets),
+    )
+    return validate_record(event, MODEL_RELEASE_EVENT)
+
+
+def encode(record: dict[str, Any], schema: pa.Schema) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A JSON record's value bytes and our headers (schema version, content type, tenant)."""
+    value = json.dumps(record, default=lambda v: v.isoformat() if isinstance(v, dt.datetime) else str(v))
+    headers = [
+        (topics.HEADER_SCHEMA_VERSION, str(schema_version(schema)).encode()),
+        (topics.HEADER_CONTENT_TYPE, topics.JSON_CONTENT_TYPE.encode()),
+        (topics.HEADER_TENANT, topics.DEFAULT_TENANT.encode()),
+    ]
+    return value.encode(), headers
+
+
+def send_json(
+    kafka: KafkaSettings | None, topic: str, key: str, record: dict[str, Any], schema: pa.Schema
+) -> str | None:
+    """Produce one JSON record with ``acks=all``; an error text instead of raising (None: sent)."""
     if kafka is None or not kafka.bootstrap_servers.strip():
         return "no Kafka configured"
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
-    value = json.dumps(event, default=lambda v: v.isoformat() if isinstance(v, dt.datetime) else str(v))
-    headers = [
-        (topics.HEADER_SCHEMA_VERSION, str(schema_version(MODEL_RELEASE_EVENT)).encode()),
-        (topics.HEADER_CONTENT_TYPE, topics.JSON_CONTENT_TYPE.encode()),
-        (topics.HEADER_TENANT, topics.DEFAULT_TENANT.encode()),
-    ]
+    value, headers = encode(record, schema)
     try:
         producer = KafkaProducer(**kafka.client_config(role="producer"), acks="all", request_timeout_ms=15_000)
         try:
-            producer.send(
-                kafka.models_topic, key=event["served_name"].encode(), value=value.encode(), headers=headers
-            ).get(timeout=20)
+            producer.send(topic, key=key.encode(), value=value, headers=headers).get(timeout=20)
         finally:
             producer.close(timeout=5)
     except KafkaError as exc:
-        log.warning("release event for %s not sent: %s", event["version"], exc)
+        log.warning("%s record for %s not sent: %s", topic, key, exc)
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def send_release_event(kafka: KafkaSettings | None, event: dict[str, Any]) -> str | None:
+    """Produce the event on the models topic, keyed by served name (one partition keeps a name's order)."""
+    if kafka is None:
+        return "no Kafka configured"
+    return send_json(kafka, kafka.models_topic, event["served_name"], event, MODEL_RELEASE_EVENT)

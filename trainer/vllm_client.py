@@ -1,7 +1,9 @@
 """The few vLLM endpoints publishing needs: list models, load/unload a LoRA adapter, complete, health.
 
-One small synchronous client over httpx, so the publisher and the evaluation gate speak to vLLM
-the same way; every failure becomes ``PublishError`` with vLLM's own message (serving is unchanged).
+One small synchronous client over httpx, so the publisher, the evaluation gate and a replica's loader
+speak to vLLM the same way; every failure becomes ``PublishError`` with vLLM's own message (serving is
+unchanged). A vLLM started with ``--api-key`` refuses calls without it: ``api_key`` is sent as a bearer
+token (``vllm.api_key_env`` names the environment variable that holds it).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from trainer.errors import PublishError
 class VllmClient:
     """The few vLLM endpoints publishing needs; errors become ``PublishError`` with vLLM's message."""
 
-    def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 120.0, api_key: str = "") -> None:
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
@@ -39,6 +42,13 @@ class VllmClient:
             return list(resp.json()["data"])
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             raise PublishError(f"vLLM at {self.url}: cannot list models ({exc})") from exc
+
+    def adapter_root(self, name: str) -> str | None:
+        """The folder vLLM loaded the adapter ``name`` from (its ``root``), or None when none is served."""
+        for m in self.models():
+            if m.get("id") == name and m.get("parent"):
+                return str(m.get("root") or "") or None
+        return None
 
     def load_lora(self, name: str, path: str, *, inplace: bool = True) -> None:
         self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})

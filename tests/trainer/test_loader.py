@@ -1,0 +1,172 @@
+"""The release bus without vLLM: which commands a loader acts on, what it acks, what the publisher makes of it.
+
+A real broker (the session's Tansu) carries commands and acks, and a real lake folder holds the registry
+and ``served_versions``. Where a loader needs its vLLM to fail, it points at a port nobody listens on: a
+real refused connection, not a mock. The loaders against real vLLM servers are in test_release_bus.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentlake.stack.ports import free_port
+from schemas.config import Settings
+from schemas.lake import Lake
+from trainer.artifacts import store_version
+from trainer.errors import PublishError
+from trainer.loader import Loader, Served, build_ack, latest_releases, targets_me
+from trainer.publish import Publisher
+from trainer.registry import Registry
+from trainer.release_bus import release
+from trainer.releases import release_command, release_event, send_release_event
+from trainer.served import record_acks, served_now
+
+
+def _row(version: str, *, uri: str = "s3://bucket/lake/models/x", sha: str = "a" * 64) -> dict[str, Any]:
+    return {
+        "version": version,
+        "base_model": "base",
+        "kind": "lora",
+        "path": f"/trainer/{version}",
+        "parent_version": None,
+        "artifact_uri": uri,
+        "manifest_sha256": sha,
+    }
+
+
+def _loader(settings: Settings, replica: str, tmp_path: Path) -> Loader:
+    dead_vllm = f"http://127.0.0.1:{free_port()}"  # nobody listens: every vLLM call is refused
+    return Loader(kafka=settings.kafka, replica=replica, vllm_url=dead_vllm, cache_dir=tmp_path / replica, timeout_s=5)
+
+
+@pytest.fixture()
+def running(settings: Settings, tmp_path: Path) -> Iterator[list[dict[str, Any]]]:
+    """Loader ``r1`` following the settings' topics in a thread; the list collects the acks it sends."""
+    acks: list[dict[str, Any]] = []
+    stop = threading.Event()
+    loader = _loader(settings, "r1", tmp_path)
+    thread = threading.Thread(target=loader.run, args=(stop,), kwargs={"on_ack": acks.append})
+    thread.start()
+    yield acks
+    stop.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_a_loader_acts_on_release_commands_for_it_only() -> None:
+    cmd = release_command(_row("v1"), served_name="p")
+    assert targets_me(cmd, "r1")
+    assert targets_me({**cmd, "targets": ["r1", "r2"]}, "r1")
+    assert not targets_me({**cmd, "targets": ["r2"]}, "r1")
+    assert not targets_me(release_event(_row("v1"), "published", served_name="p"), "r1")  # an announcement
+
+
+@pytest.mark.kafka
+def test_on_start_the_latest_command_per_served_name_is_applied(settings: Settings, tmp_path: Path) -> None:
+    from kafka import KafkaConsumer
+
+    sent = [
+        release_command(_row("v1"), served_name="p"),
+        release_command(_row("v2"), served_name="p"),
+        release_event(_row("v2"), "published", served_name="p"),  # announcements never count
+        release_command(_row("v3"), served_name="p", targets=["r2"]),  # another replica's
+        release_command(_row("v1"), served_name="p-planner"),
+    ]
+    for event in sent:
+        assert send_release_event(settings.kafka, event) is None
+    loader = _loader(settings, "r1", tmp_path)
+    consumer = KafkaConsumer(**settings.kafka.client_config(role="consumer"), enable_auto_commit=False)
+    try:
+        loader._assign(consumer, threading.Event())
+        events = loader._catch_up(consumer)
+    finally:
+        consumer.close()
+    assert len(events) == len(sent)
+    latest = latest_releases(events, "r1")
+    assert {name: e["version"] for name, e in latest.items()} == {"p": "v2", "p-planner": "v1"}
+    assert latest["p"]["release_id"] == sent[1]["release_id"]
+    assert latest_releases(events, "r2")["p"]["version"] == "v3"
+
+
+def test_an_ack_says_what_was_asked_and_what_is_served() -> None:
+    cmd = release_command(_row("v3", sha="c" * 64), served_name="p")
+    served = Served("/cache/bbbb/v2", "v2", "b" * 64)
+    ack = build_ack(cmd, "r1", error="v3: adapter_model.safetensors does not match", served=served, seconds=0.25)
+    assert (ack["release_id"], ack["replica"], ack["version"], ack["manifest_sha256"]) == (
+        cmd["release_id"],
+        "r1",
+        "v3",
+        "c" * 64,
+    )
+    assert not ack["ok"] and "does not match" in ack["error"]
+    assert (ack["serving_version"], ack["serving_sha256"]) == ("v2", "b" * 64)
+    assert build_ack(cmd, "r1", error=None, served=served, seconds=0.1)["ok"]
+
+
+@pytest.mark.kafka
+def test_a_failing_replica_acks_the_error_and_a_silent_one_is_named(
+    settings: Settings, running: list[dict[str, Any]]
+) -> None:
+    cmd = release_command(_row("v1"), served_name="p")
+    outcome = release(settings.kafka, cmd, ["r1", "ghost"], timeout_s=15)
+    assert outcome.silent == ["ghost"]
+    ack = outcome.acks["r1"]
+    assert not ack["ok"] and "unreachable" in ack["error"] and ack["serving_version"] is None
+    errors = outcome.errors()
+    assert "unreachable" in errors["r1"] and "no ack within 15s" in errors["ghost"]
+    # the loader is still there for the next command
+    again = release(settings.kafka, release_command(_row("v2"), served_name="p"), ["r1"], timeout_s=15)
+    assert again.acks["r1"]["version"] == "v2" and [a["version"] for a in running] == ["v1", "v2"]
+
+
+@pytest.mark.kafka
+def test_publish_through_the_bus_records_every_replicas_error(
+    settings: Settings, running: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    folder = tmp_path / "lake" / "models" / "v0001"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    stored = store_version(folder, lake_root=str(tmp_path / "lake"), version="v0001")
+    reg = Registry(Lake(str(tmp_path / "lake")))
+    reg.add(
+        version="v0001",
+        version_number=1,
+        base_model="base",
+        kind="lora",
+        path=str(folder),
+        artifact_uri=stored.uri,
+        manifest_sha256=stored.manifest_sha256,
+    )
+    pub = Publisher(
+        registry=reg, vllm_url="", served_name="p", kafka=settings.kafka, replicas=("r1", "r2"), ack_timeout_s=10
+    )
+    with pytest.raises(PublishError, match="v0001 was not published: replica r1: .*unreachable.*replica r2: no ack"):
+        pub.publish("v0001")
+    row = reg.get("v0001")
+    assert row["publish_status"] == "failed"
+    assert "replica r1:" in row["publish_error"] and "replica r2: no ack within 10s" in row["publish_error"]
+    (now,) = served_now(reg.lake)  # r1's ack was recorded; r2 said nothing
+    assert (now["replica"], now["version"], now["ok"], now["serving_version"]) == ("r1", "v0001", False, None)
+
+
+def test_served_now_is_the_latest_ack_per_replica_and_name(tmp_path: Path) -> None:
+    lake = Lake(str(tmp_path / "lake"))
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    def ack(replica: str, name: str, version: str, minute: int) -> dict[str, Any]:
+        cmd = release_command(_row(version), served_name=name)
+        served = Served(f"/c/{version}", version, "a" * 64)
+        built = build_ack(cmd, replica, error=None, served=served, seconds=0.1)
+        return {**built, "timestamp": t0.replace(minute=minute)}
+
+    assert served_now(lake) == []
+    record_acks(lake, [ack("r1", "p", "v1", 1), ack("r2", "p", "v1", 1)])
+    record_acks(lake, [ack("r1", "p", "v2", 3), ack("r1", "p-planner", "v7", 2)])
+    now = [(r["replica"], r["served_name"], r["serving_version"]) for r in served_now(lake)]
+    assert now == [("r1", "p", "v2"), ("r1", "p-planner", "v7"), ("r2", "p", "v1")]

@@ -1,0 +1,112 @@
+"""The publisher's side of the release bus: send a release command, wait for every replica's ack.
+
+The command goes to the models topic (trainer.releases); each replica's loader (trainer.loader) answers
+on the acks topic with the command's ``release_id``. The acks topic is read from its beginning and
+filtered by that id: the broker's end offsets cannot be trusted on every engine (Tansu reports 1), and
+the topic holds one small record per replica per release.
+
+A release worked when every expected replica acked ``ok`` and reports serving the manifest hash the
+registry holds; anything else is one error line per replica (its own error, a wrong hash, or silence
+until the timeout), which is what the registry records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.config import KafkaSettings
+from schemas.errors import AgentlakeError
+from schemas.tables import MODEL_RELEASE_ACK
+from schemas.validation import validate_record
+from trainer.errors import PublishError
+from trainer.releases import send_release_event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    """The acks one release command got (replica -> ack), and the replicas that stayed silent."""
+
+    command: dict[str, Any]
+    acks: dict[str, dict[str, Any]]
+    silent: list[str]
+    timeout_s: float
+    seconds: float  # from sending the command to the last ack (or the timeout)
+
+    def errors(self) -> dict[str, str]:
+        """Replica -> why the release did not hold there; empty when every replica serves the version."""
+        want = self.command.get("manifest_sha256")
+        out: dict[str, str] = {}
+        for replica, ack in sorted(self.acks.items()):
+            if not ack["ok"]:
+                out[replica] = f"{ack['error']} (serving {ack['serving_version'] or 'nothing'})"
+            elif want and ack["serving_sha256"] != want:
+                out[replica] = f"acked, but serves manifest {ack['serving_sha256']}, not {want}"
+        for replica in self.silent:
+            out[replica] = f"no ack within {self.timeout_s:.0f}s (is its loader running?)"
+        return out
+
+    def summary(self) -> str:
+        """The errors as one line for the registry, or "" when the release held everywhere."""
+        return "; ".join(f"replica {r}: {e}" for r, e in self.errors().items())
+
+
+def release(
+    kafka: KafkaSettings, command: dict[str, Any], replicas: Sequence[str], *, timeout_s: float
+) -> ReleaseOutcome:
+    """Send ``command`` and wait until each of ``replicas`` acked it or ``timeout_s`` passed."""
+    t0 = time.perf_counter()
+    if err := send_release_event(kafka, command):
+        raise PublishError(f"the release command for {command['version']} was not sent: {err}")
+    acks = wait_for_acks(kafka, command["release_id"], replicas, timeout_s=timeout_s)
+    silent = sorted(set(replicas) - set(acks))
+    return ReleaseOutcome(command, acks, silent, timeout_s, time.perf_counter() - t0)
+
+
+def wait_for_acks(
+    kafka: KafkaSettings, release_id: str, replicas: Sequence[str], *, timeout_s: float, poll_ms: int = 100
+) -> dict[str, dict[str, Any]]:
+    """The acks of ``release_id`` (replica -> its last ack) once every one of ``replicas`` answered, or at
+    the timeout with what came."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        **kafka.client_config(role="consumer"),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=poll_ms,
+    )
+    acks: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        parts = None
+        while (parts := consumer.partitions_for_topic(kafka.model_acks_topic)) is None:
+            if time.monotonic() > deadline:
+                return acks
+            time.sleep(0.2)
+        tps = [TopicPartition(kafka.model_acks_topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        while not set(replicas) <= set(acks) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=poll_ms).values():
+                for record in records:
+                    ack = _ack(record.value)
+                    if ack is not None and ack["release_id"] == release_id:
+                        acks[ack["replica"]] = ack
+    finally:
+        consumer.close()
+    return acks
+
+
+def _ack(value: bytes) -> dict[str, Any] | None:
+    try:
+        return validate_record(json.loads(value), MODEL_RELEASE_ACK)
+    except (ValueError, AgentlakeError) as exc:
+        log.warning("skipping an unreadable ack: %s", exc)
+        return None
