@@ -14,6 +14,7 @@ from agentlake.cli import forget as _forget  # noqa: E402,F401
 from agentlake.cli import lake as _lake  # noqa: E402,F401
 from agentlake.cli import model as _model  # noqa: E402,F401
 from agentlake.cli import registry as _registry  # noqa: E402,F401
+from agentlake.cli import serving as _serving  # noqa: E402,F401
 from agentlake.cli import stack as _stack  # noqa: E402,F401
 from agentlake.cli import train as _train  # noqa: E402,F401
 from agentlake.cli import transitions as _transitions  # noqa: E402,F401

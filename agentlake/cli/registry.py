@@ -91,6 +91,11 @@ def list_versions(config: str | None = ConfigOption) -> None:
             *line,
         )
     console.print(table)
+    from agentlake.cli.serving import served_table
+
+    if (replicas := served_table(settings)) is not None:
+        console.print("what each replica serves (`agentlake model served`):")
+        console.print(replicas)
 
 
 @model_app.command()

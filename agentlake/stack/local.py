@@ -51,8 +51,10 @@ PARTS = (
     "dagster-daemon",
     "vllm",
     "gateway",
+    "loader",
 )
 BROKER_PORT_FILE = "broker.port"
+LOCAL_REPLICA = "local"  # the loader's replica name when serving.replica is empty
 OBJECTSTORE_STOP_S = 40.0
 
 
@@ -427,6 +429,12 @@ def up(
                 {**env, "AGENTLAKE_GATEWAY__UPSTREAMS": f'["{settings.vllm.url}"]'},
                 60,
             )
+            if settings.serving.loader:  # the release bus's loader beside this vLLM (trainer.loader)
+                on_step("loader")
+                replica = settings.serving.replica or LOCAL_REPLICA
+                argv = [sys.executable, "-m", "agentlake", "loader", "--replica", replica]
+                argv += ["--vllm-url", settings.vllm.url]
+                _start_if_needed(settings, "loader", argv, f"replica {replica}", lambda: True, env, 30)
         write_stack_file(settings, bootstrap)
     except BaseException:
         # Leave nothing half-started behind a failed `up`.
@@ -533,6 +541,8 @@ def status(settings: Settings) -> list[PartStatus]:
             continue
         proc = processes.read(sdir, name)
         rows.append(_http_status(name, address, proc, probe))
+    if (loader := processes.read(sdir, "loader")) is not None:
+        rows.append(_http_status("loader", loader.address, loader, None))
     return rows
 
 

@@ -1,0 +1,76 @@
+"""`agentlake loader` (one per vLLM replica) and `agentlake model served`: the release bus from the CLI."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
+from agentlake.cli.model import model_app
+from schemas.config import Settings
+
+
+@app.command()
+@handle_errors
+def loader(
+    replica: str | None = typer.Option(None, "--replica", help="Its name in acks (default: serving.replica)."),
+    vllm_url: str | None = typer.Option(None, "--vllm-url", help="The vLLM beside it (default: serving.vllm_url)."),
+    config: str | None = ConfigOption,
+) -> None:
+    """Serve what the release bus asks: load released adapters into this replica's vLLM and ack each."""
+    from trainer.loader import Loader
+
+    settings = settings_or_exit(config)
+    worker = Loader.from_settings(settings, replica=replica, vllm_url=vllm_url)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def show(ack: dict[str, Any]) -> None:
+        if ack["ok"]:
+            console.print(f"[green]{ack['served_name']} = {ack['version']}[/] in {ack['seconds']:.2f}s")
+        else:
+            console.print(f"[red]{ack['version']} refused:[/] {ack['error']} (serving {ack['serving_version']})")
+
+    console.print(f"loader {worker.replica}: vLLM {worker.vllm_url}, topic {settings.kafka.models_topic}")
+    try:
+        worker.run(stop, on_ack=show)
+    except KeyboardInterrupt:
+        stop.set()
+
+
+def served_table(settings: Settings) -> Table | None:
+    """What each replica serves, from ``served_versions``; None when no replica has acked yet."""
+    from schemas.lake import Lake
+    from trainer.served import served_now
+
+    rows = served_now(Lake.from_settings(settings))
+    if not rows:
+        return None
+    table = Table("replica", "served name", "serving", "manifest sha256", "last release", "acked")
+    for r in rows:
+        last = f"{r['version']} ok" if r["ok"] else f"[red]{r['version']} failed[/]: {r['error']}"
+        table.add_row(
+            r["replica"],
+            r["served_name"],
+            r["serving_version"] or "-",
+            (r["serving_sha256"] or "-")[:16],
+            last,
+            r["timestamp"].strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    return table
+
+
+@model_app.command()
+@handle_errors
+def served(config: str | None = ConfigOption) -> None:
+    """What each vLLM replica serves, as its loader last acked (the served_versions table)."""
+    settings = settings_or_exit(config)
+    table = served_table(settings)
+    if table is None:
+        console.print("no replica has acked a release yet (serving.replicas empty, or no publish since)")
+        return
+    console.print(table)
