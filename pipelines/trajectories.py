@@ -90,6 +90,8 @@ def assemble(
     """
     if spans.is_empty():
         return TRAJECTORIES.empty_table()
+    if "policy_sha256" not in spans.columns:  # read from a spans table written before v4
+        spans = spans.with_columns(pl.lit(None, pl.String).alias("policy_sha256"))
     spans = spans.unique(_SPAN, keep="last", maintain_order=True)
     spans = _fill_attempts(spans)
 
@@ -189,6 +191,7 @@ def assemble(
             "completion_logprobs",
             "input_messages",
             "output_messages",
+            "policy_sha256",
         )
         .sort_by("step")
         .alias("calls"),

@@ -212,6 +212,8 @@ def build(
         .explode("calls")
         .unnest("calls")
     )
+    if "policy_sha256" not in calls.columns:  # trajectories written before v2 (calls without the hash)
+        calls = calls.with_columns(pl.lit(None, pl.String).alias("policy_sha256"))
     calls = calls.with_columns(pl.coalesce("agent_name", "_agent0").alias("agent_name"))
 
     # --- agent filter

@@ -28,6 +28,8 @@ LLM_COMPLETION_TOKEN_IDS = "agentlake.llm.completion_token_ids"
 LLM_COMPLETION_LOGPROBS = "agentlake.llm.completion_logprobs"
 LLM_RESPONSE_ID = "agentlake.llm.response_id"
 LLM_POLICY_VERSION = "agentlake.llm.policy_version"
+# sha256 of the served adapter's manifest.json: with the version name, proof of which files served the call
+LLM_POLICY_SHA256 = "agentlake.llm.policy_sha256"
 LLM_SERVED_MODEL = "agentlake.llm.served_model"
 LLM_ADAPTER = "agentlake.llm.adapter"
 LLM_UPSTREAM = "agentlake.llm.upstream"

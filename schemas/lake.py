@@ -198,8 +198,9 @@ class Lake:
         kwargs: dict[str, Any] = {}
         if predicate is not None:
             kwargs["predicate"] = predicate
-        if dt is not None and not set(schema.names) <= {f.name for f in dt.schema().fields}:
-            # a table written under an older schema version gains the new (nullable) columns
+        if dt is not None and _field_paths(schema) - _field_paths(pa.schema(dt.schema().to_arrow())):
+            # a table written under an older schema version gains the new (nullable) columns, nested
+            # ones too (a field added to a struct of a list: trajectories' calls)
             kwargs["schema_mode"] = "merge"
         try:
             write_deltalake(
@@ -265,6 +266,24 @@ def _schema_of(table: str) -> pa.Schema:
             f"unknown table {table!r}; expected one of {', '.join(TABLES)} or a variant such as transitions__<name>"
         )
     return TABLES[base]
+
+
+def _field_paths(schema: pa.Schema) -> set[str]:
+    """Every field's dotted path, into structs and lists of structs (``calls.policy_sha256``)."""
+    paths: set[str] = set()
+
+    def walk(prefix: str, typ: pa.DataType) -> None:
+        while pa.types.is_list(typ) or pa.types.is_large_list(typ):
+            typ = typ.value_type
+        if pa.types.is_struct(typ):
+            for child in typ:
+                paths.add(f"{prefix}.{child.name}")
+                walk(f"{prefix}.{child.name}", child.type)
+
+    for f in schema:
+        paths.add(f.name)
+        walk(f.name, f.type)
+    return paths
 
 
 def _shown(position: int | None) -> str:

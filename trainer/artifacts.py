@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from schemas.manifest import MANIFEST_FILE  # the gateway hashes the same file (schemas.manifest)
 from schemas.storage import download_file, read_bytes, upload_dir, write_bytes
 from schemas.uris import is_local, local_path, normalize_uri, table_uri
 from trainer.errors import ArtifactError
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FILE = "manifest.json"
 MODELS_DIR = "models"  # under the lake root
 MANIFEST_FORMAT = 1
 KEY_HASH_CHARS = 16  # of the manifest's sha256, in the object-store key

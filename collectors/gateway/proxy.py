@@ -36,6 +36,7 @@ from collectors.gateway.recording import (
     CallRecorder,
     ClientExtras,
     Kind,
+    ServedPolicy,
     StreamedAnswer,
     choice_calls,
     request_call,
@@ -48,6 +49,7 @@ from collectors.gateway.spans import LlmCall, parse_traceparent, traceparent
 from collectors.sink import RecordSink
 from schemas import attributes as A
 from schemas.config import Settings
+from schemas.manifest import ManifestHashes
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self._models: dict[str, tuple[float, dict[str, tuple[str | None, str | None]]]] = {}
+        self._manifests = ManifestHashes()
         self.recorder = CallRecorder(sink, topic=settings.kafka.spans_topic, policy=self._policy)
 
     # --- pause / resume ------------------------------------------------------------------------
@@ -134,10 +137,11 @@ class Gateway:
             self._idle.set()
 
     # --- served models ----------------------------------------------------------------------------
-    async def _policy(self, upstream: str, model: str | None) -> tuple[str | None, str | None]:
-        """(adapter, policy version) of a served model name, from the upstream's /v1/models (cached briefly)."""
+    async def _policy(self, upstream: str, model: str | None) -> ServedPolicy:
+        """What serves a model name, from the upstream's /v1/models (cached briefly) and the adapter's
+        folder on this host (its manifest hash, re-read when the file changes)."""
         if not model:
-            return None, None
+            return ServedPolicy(None, None)
         at, parents = self._models.get(upstream, (0.0, {}))
         if model not in parents or time.monotonic() - at > _MODELS_TTL_S:
             try:
@@ -148,7 +152,7 @@ class Gateway:
             except (httpx.HTTPError, ValueError, KeyError, AttributeError, TypeError):
                 parents = {}
             self._models[upstream] = (time.monotonic(), parents)
-        return served_policy(model, parents)
+        return served_policy(model, parents, hashes=self._manifests)
 
     async def end_rollout(self, request: Request, tenant: str) -> Response:
         """``POST /rollout/{id}/end``: end a rollout the gateway alone has seen (the caller's tenant's).

@@ -3,9 +3,10 @@
 Upstream, the gateway always asks vLLM for ``return_token_ids`` and logprobs (and streamed usage);
 to the client it returns the normal OpenAI shape, keeping those extras only where the client asked
 for them. Each choice of each call becomes one ``agentlake.llm.call`` span in the caller's trace
-(``traceparent``), carrying exact token ids, logprobs, served model, adapter and policy version;
-with ``n > 1`` each choice is its own call, with its own response id (``<id>#<index>`` after the
-first). Spans go to the sink after the response, off the client's latency path.
+(``traceparent``), carrying exact token ids, logprobs, served model, adapter, policy version and
+the adapter's manifest hash (``served_policy``); with ``n > 1`` each choice is its own call, with
+its own response id (``<id>#<index>`` after the first). Spans go to the sink after the response,
+off the client's latency path.
 
 Kept apart from the HTTP transport (collectors.gateway.proxy and .routes), so each rule is a plain
 function or class over request/response dicts, tested without a server: ``upstream_body``,
@@ -22,17 +23,28 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from collectors.gateway.spans import LlmCall, new_ids, rollout_end_record, span_record
 from collectors.gateway.spill import SpillFull
 from collectors.sink import RecordSink
+from schemas.manifest import ManifestHashes
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["chat", "completions"]
-# (adapter, policy version) of a served model name on one upstream
-PolicyLookup = Callable[[str, str | None], Awaitable[tuple[str | None, str | None]]]
+
+
+class ServedPolicy(NamedTuple):
+    """What served a call: the adapter's name, the policy version, the sha256 of the adapter's manifest."""
+
+    adapter: str | None
+    version: str | None
+    sha256: str | None = None  # None: not an adapter, or its folder's manifest is not readable here
+
+
+# What served a model name on one upstream
+PolicyLookup = Callable[[str, str | None], Awaitable[ServedPolicy]]
 
 
 def route_model(
@@ -228,19 +240,27 @@ def choice_calls(data: dict[str, Any], base: LlmCall, kind: Kind) -> list[LlmCal
 
 
 def served_policy(
-    model: str | None, listed: Mapping[str, tuple[str | None, str | None]]
-) -> tuple[str | None, str | None]:
-    """(adapter, policy version) of a served model name, given the upstream's models as {id: (parent, root)}.
+    model: str | None,
+    listed: Mapping[str, tuple[str | None, str | None]],
+    *,
+    hashes: ManifestHashes | None = None,
+) -> ServedPolicy:
+    """What serves a model name, given the upstream's models as {id: (parent, root)}.
 
     An adapter's version is the last part of its path (the trainer saves each version in a
     folder named after it and hot-loads a new path per version); a base model's is its name.
+    With ``hashes``, an adapter's root folder is read for its ``manifest.json``: the gateway runs
+    beside vLLM, so the folder vLLM loaded is on this host, and the manifest's sha256 is the
+    registry's ``manifest_sha256`` of the version those files are. A name alone says what the
+    files were called; the hash says which files they were.
     """
     if not model:
-        return None, None
+        return ServedPolicy(None, None)
     parent, root = listed.get(model, (None, None))
     if parent and root:
-        return model, f"{model}@{PurePath(str(root).rstrip('/')).name}"
-    return (model if parent else None), model
+        sha = hashes.sha256(root) if hashes is not None else None
+        return ServedPolicy(model, f"{model}@{PurePath(str(root).rstrip('/')).name}", sha)
+    return ServedPolicy(model if parent else None, model)
 
 
 class CallRecorder:
@@ -248,7 +268,7 @@ class CallRecorder:
 
     Spans are handed to ``sink`` once, with no retry: the server gives the disk spill
     (collectors.gateway.spill), which takes every call unless it is full, and retries Kafka itself.
-    ``policy`` names each call's adapter and policy version from its upstream and served model.
+    ``policy`` names each call's adapter, policy version and adapter hash from its upstream and served model.
     """
 
     def __init__(self, sink: RecordSink, *, topic: str, policy: PolicyLookup) -> None:
@@ -269,7 +289,9 @@ class CallRecorder:
         """Hand the calls' spans to the sink: the spill, which keeps them until Kafka has them."""
         try:
             for call in calls:
-                call.adapter, call.policy_version = await self.policy(call.upstream, call.response_model)
+                call.adapter, call.policy_version, call.policy_sha256 = await self.policy(
+                    call.upstream, call.response_model
+                )
             now = time.time_ns()
             records = [span_record(c, tenant=c.tenant, topic=self.topic, received_at_ns=now) for c in calls]
             await self.sink.send(records)

@@ -78,6 +78,7 @@ class LlmCall:
     response_id: str | None = None
     adapter: str | None = None
     policy_version: str | None = None
+    policy_sha256: str | None = None  # the served adapter's manifest sha256 (collectors.gateway.recording)
     prompt_token_ids: Sequence[int] | None = None
     completion_token_ids: Sequence[int] | None = None
     completion_logprobs: Sequence[float] | None = None
@@ -118,6 +119,7 @@ class LlmCall:
             A.LLM_CHOICE_INDEX: self.choice_index if self.response_id is not None else None,
             A.LLM_ADAPTER: self.adapter,
             A.LLM_POLICY_VERSION: self.policy_version,
+            A.LLM_POLICY_SHA256: self.policy_sha256,
             A.LLM_PROMPT_TOKEN_IDS: list(self.prompt_token_ids) if self.prompt_token_ids is not None else None,
             A.LLM_COMPLETION_TOKEN_IDS: (
                 list(self.completion_token_ids) if self.completion_token_ids is not None else None

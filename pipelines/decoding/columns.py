@@ -26,6 +26,7 @@ TYPED_KEYS = frozenset(
         *A.RESPONSE_ID_KEYS,
         *A.MODEL_KEYS,
         A.LLM_POLICY_VERSION,
+        A.LLM_POLICY_SHA256,
         *A.PROMPT_TOKEN_IDS_KEYS,
         *A.COMPLETION_TOKEN_IDS_KEYS,
         A.LLM_COMPLETION_LOGPROBS,
@@ -84,6 +85,7 @@ class Shape:
         "oi_output",
         "model",
         "policy",
+        "policy_sha",
         "prompt",
         "completion",
         "logprobs",
@@ -108,6 +110,7 @@ class Shape:
         self.oi_output = not self.response and A.OI_OUTPUT_VALUE in keys and A.OI_SPAN_KIND in keys
         self.model = present(A.MODEL_KEYS)
         self.policy = present((A.LLM_POLICY_VERSION,))
+        self.policy_sha = present((A.LLM_POLICY_SHA256,))
         self.prompt = present(A.PROMPT_TOKEN_IDS_KEYS)
         self.completion = present(A.COMPLETION_TOKEN_IDS_KEYS)
         self.logprobs = present((A.LLM_COMPLETION_LOGPROBS,))

@@ -34,5 +34,6 @@ ROW_TYPE = pa.struct(
     ]
 )
 ROLLOUT_COLUMN = ROW_COLUMNS.index("rollout_id")
-# The span-attribute columns after agent_name (status to attributes): all null for a span without attributes.
-NO_ATTRIBUTES = (None,) * 9
+# The span-attribute columns after agent_name (status to attributes, then policy_sha256, last in SPANS
+# as a v4 column): all null for a span without attributes.
+NO_ATTRIBUTES = (None,) * 10

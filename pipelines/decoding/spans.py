@@ -139,6 +139,7 @@ def decode_request(
                         reward_value,
                         reward_name,
                         rest_json,
+                        as_text(attrs[shape.policy_sha[0]]) if shape.policy_sha else None,
                     )
                 else:
                     rid = res.rollout

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from collectors.errors import SinkUnavailable
 from collectors.gateway.recording import (
     CallRecorder,
     ClientExtras,
+    ServedPolicy,
     StreamedAnswer,
     choice_calls,
     request_call,
@@ -19,6 +22,7 @@ from collectors.gateway.recording import (
 )
 from collectors.sink import MemorySink
 from schemas import attributes as A
+from schemas.manifest import MANIFEST_FILE, ManifestHashes
 
 
 def test_upstream_body_forces_ids_logprobs_and_streamed_usage() -> None:
@@ -101,14 +105,36 @@ def test_each_choice_is_its_own_call_in_the_callers_trace() -> None:
 
 def test_served_policy_names_adapter_versions_by_their_folder() -> None:
     listed = {"policy": ("base", "/models/v0003/"), "base": (None, "/models/base")}
-    assert served_policy("policy", listed) == ("policy", "policy@v0003")
-    assert served_policy("base", listed) == (None, "base")
-    assert served_policy(None, listed) == (None, None)
+    assert served_policy("policy", listed) == ("policy", "policy@v0003", None)
+    assert served_policy("base", listed) == (None, "base", None)
+    assert served_policy(None, listed) == (None, None, None)
+
+
+def test_served_policy_hashes_the_adapters_manifest_and_rereads_it_when_it_changes(tmp_path: Path) -> None:
+    """The hash is of the manifest's bytes, as ``model_versions.manifest_sha256``; no file, no hash."""
+    folder = tmp_path / "models" / "v0003"
+    folder.mkdir(parents=True)
+    manifest = folder / MANIFEST_FILE
+    manifest.write_bytes(b'{"files": {}, "manifest": 1}\n')
+    base = tmp_path / "base"  # a base model's folder: never hashed, even with a manifest in it
+    base.mkdir()
+    (base / MANIFEST_FILE).write_bytes(b"{}")
+    listed = {"policy": ("base", str(folder)), "base": (None, str(base)), "gone": ("base", str(tmp_path / "v0009"))}
+    hashes = ManifestHashes()
+    first = served_policy("policy", listed, hashes=hashes)
+    assert first == ("policy", "policy@v0003", hashlib.sha256(manifest.read_bytes()).hexdigest())
+    manifest.write_bytes(b'{"files": {"adapter_model.safetensors": {}}, "manifest": 1}\n')  # new size
+    second = served_policy("policy", listed, hashes=hashes)
+    assert second.sha256 == hashlib.sha256(manifest.read_bytes()).hexdigest() != first.sha256
+    assert served_policy("base", listed, hashes=hashes) == (None, "base", None)
+    assert served_policy("gone", listed, hashes=hashes) == ("gone", "gone@v0009", None)  # not on this host
+    manifest.unlink()
+    assert served_policy("policy", listed, hashes=hashes).sha256 is None  # removed: the cache does not answer
 
 
 def test_the_recorder_writes_spans_counts_losses_and_ends_rollouts_after_their_calls() -> None:
-    async def policy(upstream: str, model: str | None) -> tuple[str | None, str | None]:
-        return None, model
+    async def policy(upstream: str, model: str | None) -> ServedPolicy:
+        return ServedPolicy(None, model)
 
     async def scenario() -> tuple[MemorySink, CallRecorder, CallRecorder]:
         sink = MemorySink()
@@ -129,8 +155,8 @@ def test_the_recorder_writes_spans_counts_losses_and_ends_rollouts_after_their_c
 
 
 def test_the_end_of_a_rollout_raises_what_the_sink_raises() -> None:
-    async def policy(upstream: str, model: str | None) -> tuple[str | None, str | None]:
-        return None, None
+    async def policy(upstream: str, model: str | None) -> ServedPolicy:
+        return ServedPolicy(None, None)
 
     down = MemorySink()
     down.down = True

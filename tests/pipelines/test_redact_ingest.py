@@ -124,7 +124,7 @@ def test_a_hostile_message_list_does_not_stop_ingestion(settings: Settings, tmp_
 def test_a_spans_table_from_before_v3_gains_redacted_on_its_next_ingestion(settings: Settings, tmp_path: Path) -> None:
     """A v2 table (no `redacted`) keeps its rows and positions; the next run adds the column (null for
     the old rows), and the trajectories step reads the mixed table."""
-    assert schema_version(SPANS) == 3
+    assert schema_version(SPANS) == 4
     k = settings.kafka
     old = [_record(i, EMAIL) for i in range(3)]
     produce(k, k.spans_topic, old)
@@ -132,7 +132,8 @@ def test_a_spans_table_from_before_v3_gains_redacted_on_its_next_ingestion(setti
     # what a v2 ingestion left: its rows without `redacted`, its positions (and record fingerprints)
     ingest(Lake(str(tmp_path / "scratch")), k, "spans", workers=0)
     scratch = DeltaTable(str(tmp_path / "scratch" / "spans"))
-    v2 = SPANS.remove(SPANS.get_field_index("redacted")).with_metadata(
+    v4_only = SPANS.remove(SPANS.get_field_index("policy_sha256"))  # v4 came later, last
+    v2 = v4_only.remove(v4_only.get_field_index("redacted")).with_metadata(
         {**SPANS.metadata, b"agentlake.schema.version": b"2"}
     )
     rows = scratch.to_pyarrow_table().select(v2.names).cast(v2)
