@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,8 +27,10 @@ from collectors.gateway.proxy import Gateway
 from collectors.gateway.routes import create_app
 from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink
+from pipelines.decoding import KafkaRecord, decode_spans
 from schemas import attributes as A
 from schemas.config import Settings, load_settings
+from trainer.artifacts import write_manifest
 
 UPSTREAM = "http://vllm.test"
 pytestmark = pytest.mark.anyio
@@ -46,6 +49,7 @@ class FakeVllm:
         self.headers: list[dict[str, str]] = []
         self.fail: int | None = None
         self.hold: asyncio.Event | None = None
+        self.adapter_root = "/a/v2"  # the folder /v1/models reports policy-v2 was loaded from
 
     def app(self) -> Starlette:
         async def chat(request: Request) -> Response:
@@ -160,7 +164,7 @@ class FakeVllm:
                     "object": "list",
                     "data": [
                         {"id": "base", "root": "/m", "parent": None},
-                        {"id": "policy-v2", "root": "/a/v2", "parent": "base"},
+                        {"id": "policy-v2", "root": self.adapter_root, "parent": "base"},
                     ],
                 }
             )
@@ -193,6 +197,7 @@ async def settle(gateway: Gateway) -> None:
 
 
 def spans(sink: MemorySink) -> list[dict[str, Any]]:
+    """The recorded spans, each with its record's key and its attributes as plain values."""
     out = []
     for rec in sink.records:
         req = ExportTraceServiceRequest.FromString(rec.value)
@@ -243,6 +248,48 @@ async def test_forces_ids_and_logprobs_but_answers_in_openai_shape(gw, fake: Fak
     assert a[A.LLM_POLICY_VERSION] == "policy-v2@v2"  # adapter name @ the version folder it was loaded from
     assert a[A.GEN_AI_USAGE_INPUT_TOKENS] == 2 and a[A.LLM_LATENCY_MS] >= 0
     assert json.loads(a[A.GEN_AI_INPUT_MESSAGES]) == MSGS
+
+
+async def test_each_call_carries_the_served_adapters_manifest_hash_into_the_spans_table(
+    gw, fake: FakeVllm, tmp_path: Path
+) -> None:
+    """The gateway reads ``manifest.json`` in the folder the upstream reports for the adapter.
+
+    The upstream is the stand-in above: a real vLLM reports the same ``root`` for a loaded LoRA, and
+    the hash a real one serves is checked by the two-replica release test (tests/fixtures_vllm.py).
+    The version folder here is a real one, its manifest written by the trainer's own code.
+    """
+    gateway, sink = gw
+    folder = tmp_path / "models" / "v0002"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"weights of v0002")
+    digest = write_manifest(folder)
+    fake.adapter_root = str(folder)
+    async with client_for(gateway) as c:
+        r = await c.post("/v1/chat/completions", json={"model": "policy-v2", "messages": MSGS})
+        assert r.status_code == 200
+        await settle(gateway)
+        # The folder is rewritten in place (same path, one more file): the next call carries the new hash.
+        (folder / "adapter_config.json").write_text("{}")
+        changed = write_manifest(folder)
+        r = await c.post("/v1/chat/completions", json={"model": "policy-v2", "messages": MSGS})
+        assert r.status_code == 200
+    await settle(gateway)
+    first, again = (s["attrs"] for s in spans(sink))
+    assert first[A.LLM_POLICY_VERSION] == "policy-v2@v0002" and first[A.LLM_POLICY_SHA256] == digest
+    assert again[A.LLM_POLICY_SHA256] == changed != digest
+
+    # Decoded as ingestion does: the hash is a typed column of `spans`, not left in the JSON attributes.
+    table, quarantined = decode_spans(
+        KafkaRecord(rec.topic, 0, i, rec.key, rec.value, rec.headers) for i, rec in enumerate(sink.records)
+    )
+    assert quarantined == []
+    rows = table.select(["policy_version", "policy_sha256", "attributes"]).to_pylist()
+    assert [(r["policy_version"], r["policy_sha256"]) for r in rows] == [
+        ("policy-v2@v0002", digest),
+        ("policy-v2@v0002", changed),
+    ]
+    assert all(A.LLM_POLICY_SHA256 not in json.loads(r["attributes"]) for r in rows)
 
 
 async def test_client_asking_for_extras_keeps_them_and_path_prefix_names_rollout(gw, fake: FakeVllm) -> None:
