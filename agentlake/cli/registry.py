@@ -57,7 +57,9 @@ def _trained_on(settings: Settings, row: dict[str, Any]) -> str:
 
 
 EvalTasksOption = typer.Option(
-    None, "--eval-tasks", help="JSONL of {prompt, answer}: publish only if not worse than the serving version."
+    None,
+    "--eval-tasks",
+    help="JSONL of {prompt, answer}: publish only if not worse than the serving version (default: trainer.eval_tasks).",
 )
 
 
@@ -145,7 +147,7 @@ def publish(
         settings,
         vllm_url=vllm_url,
         restart=_restart_local_vllm(settings),
-        eval_tasks=load_eval_tasks(eval_tasks) if eval_tasks else (),
+        eval_tasks=load_eval_tasks(eval_tasks or settings.trainer.eval_tasks),  # the option, else the setting
     )
     if version is None:
         rows = pub.registry.rows()

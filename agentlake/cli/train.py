@@ -83,8 +83,13 @@ def _report(settings: Settings, result: RoundResult, *, publish: bool) -> None:
         )
         if publish:
             from agentlake.cli.registry import _restart_local_vllm
+            from trainer.eval_gate import load_eval_tasks
             from trainer.publish import Publisher
 
-            pub = Publisher.from_settings(settings, restart=_restart_local_vllm(settings))
+            pub = Publisher.from_settings(
+                settings,
+                restart=_restart_local_vllm(settings),
+                eval_tasks=load_eval_tasks(settings.trainer.eval_tasks),  # the gate the policy asset has too
+            )
             outcome = pub.publish(result.version)
             console.print(f"  {outcome.status} as {name} in {outcome.seconds:.2f}s")
