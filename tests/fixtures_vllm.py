@@ -9,6 +9,7 @@ with the tail of its log: it never turns into a skip.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,24 +38,38 @@ def smollm2_dir() -> Path:
     return pull_model("smollm2-135m", MODEL_CACHE).folder
 
 
-@pytest.fixture(scope="session")
-def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """A vLLM OpenAI server on the pulled model, with runtime LoRA loading on; stopped at the end."""
+@contextmanager
+def _serving(model: Path, state_dir: Path) -> Iterator[VllmServer]:
+    """A vLLM OpenAI server on ``model`` managed from ``state_dir``, with runtime LoRA loading on."""
     settings = load_settings(
         environ={},
         overrides={
-            "state": {"dir": str(tmp_path_factory.mktemp("vllm-state"))},
+            "state": {"dir": str(state_dir)},
             "model": {"cache_dir": str(MODEL_CACHE)},
             "vllm": {"venv": str(VLLM_VENV), "port": 0},
         },
     )
-    process = start_vllm(settings, smollm2_dir)
+    process = start_vllm(settings, model)
     try:
         yield VllmServer(
             url=process.address,
             served_name=settings.model.base_served_name,
-            model_path=smollm2_dir,
+            model_path=model,
             settings=settings,
         )
     finally:
         stop_vllm(settings)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A vLLM OpenAI server on the pulled model, with runtime LoRA loading on; stopped at the end."""
+    with _serving(smollm2_dir, tmp_path_factory.mktemp("vllm-state")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_server_b(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A second, independent server on the same model (its own port and process): another replica."""
+    with _serving(smollm2_dir, tmp_path_factory.mktemp("vllm-state-b")) as server:
+        yield server

@@ -71,6 +71,8 @@ class PublishResult:
     previous: str | None = None
     scores: dict[str, float] = field(default_factory=dict)
     event_error: str | None = None
+    acks: dict[str, dict[str, Any]] = field(default_factory=dict)  # replica -> its ack (the release bus)
+    bus_seconds: float | None = None  # release command sent -> last replica's ack
 
 
 @dataclass
@@ -217,17 +219,23 @@ class Publisher:
 
     def _publish_bus(self, row: dict[str, Any], serving: dict[str, Any] | None) -> PublishResult:
         t0 = time.perf_counter()
-        try:
-            outcome = self._release(row)
-            error = outcome.summary()
-        except PublishError as exc:
-            error = str(exc)
-        if not error:
-            return self._finish(row, "published", t0, serving, {})
+        outcome, error = self._try_release(row)
+        if outcome is not None and not error:
+            result = self._finish(row, "published", t0, serving, {})
+            result.acks, result.bus_seconds = outcome.acks, outcome.seconds
+            return result
         if serving is not None and serving["version"] != row["version"]:
             self._bus_restore(serving)
         self._finish(row, "failed", t0, serving, {}, error=error)
         raise PublishError(f"{row['version']} was not published: {error}")
+
+    def _try_release(self, row: dict[str, Any]) -> tuple[ReleaseOutcome | None, str]:
+        """The release's outcome and its errors as one line ("" when it held on every replica)."""
+        try:
+            outcome = self._release(row)
+        except PublishError as exc:
+            return None, str(exc)
+        return outcome, outcome.summary()
 
     def _bus_restore(self, serving: dict[str, Any]) -> None:
         """Bring every replica back to the serving version (those that kept it answer at once)."""
@@ -239,15 +247,14 @@ class Publisher:
 
     def _rollback_bus(self, current: dict[str, Any], target: dict[str, Any]) -> PublishResult:
         t0 = time.perf_counter()
-        try:
-            error = self._release(target).summary()
-        except PublishError as exc:
-            error = str(exc)
-        if error:
+        outcome, error = self._try_release(target)
+        if outcome is None or error:
             self._bus_restore(current)
             self.registry.set_status(current["version"], "published", error=f"rollback failed: {error}")
             raise PublishError(f"rollback to {target['version']} failed: {error}")
-        return self._rolled_back(current, target["version"], t0)
+        result = self._rolled_back(current, target["version"], t0)
+        result.acks, result.bus_seconds = outcome.acks, outcome.seconds
+        return result
 
     # -- steps ----------------------------------------------------------------------------------
     def _client(self) -> VllmClient:
