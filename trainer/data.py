@@ -47,6 +47,7 @@ COLUMNS = (
     "reward",
     "return",
     "advantage",
+    "policy_sha256",  # transitions v4 (trainer.provenance); read as null from older tables
 )
 KEY_COLUMNS = ("transition_id", "tenant", "agent_name", "policy_version")  # enough to decide what is pending
 
@@ -132,7 +133,11 @@ def read_transitions(
     if ids_only:
         rows = pa.table({"transition_id": wanted.sort()})
     else:
-        rows = dataset.to_table(columns=list(COLUMNS), filter=pds.field("transition_id").isin(wanted))
+        have = set(dataset.schema.names)
+        wanted_rows = pds.field("transition_id").isin(wanted)
+        rows = dataset.to_table(columns=[c for c in COLUMNS if c in have], filter=wanted_rows)
+        if "policy_sha256" not in have:  # a table from before transitions v4: no row carries a hash
+            rows = rows.append_column("policy_sha256", pa.nulls(rows.num_rows, pa.string()))
         rows = _filter_keys(rows, agent=agent, policy_versions=policy_versions, exclude_ids=None, tenants=tenants)
         rows = _one_per_id(rows).sort_by("transition_id")  # file order is not stable; the seed should be enough
     return TransitionData(rows=rows, table_uri=uri, version_start=start_version, version_end=end.version())

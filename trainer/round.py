@@ -16,6 +16,11 @@ behind the version the round trains from is skipped, counted per source version 
 so it is not read again; the other stale rows are weighted by truncated importance sampling. A line's
 round counts the line's own versions only, in the skip and in the recorded staleness alike.
 
+Rows of an adapter the registry does not know (``trainer.provenance``: a recorded adapter hash that
+is no registered version's) are refused the same way, before the staleness rule: not trained on,
+counted in ``model_versions.metrics`` (``refused_unknown_adapter``, and per version and hash in
+``refused_adapters``), and recorded as consumed.
+
 Policy lines (``trainer.agents``, ``trainer.lines``): ``line="planner"`` makes the round one of that
 agent's line: it reads only that agent's rows, continues the line's serving version, and registers
 the new version in the line (``model_versions.agent``) under the line's served name. A transition
@@ -42,6 +47,7 @@ from trainer.data import TransitionData, read_transitions
 from trainer.errors import RegistryError, TrainerError
 from trainer.lineage import Lineage, recorded_credit
 from trainer.offpolicy import split_stale, with_skipped
+from trainer.provenance import registered_hashes, split_unverified
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -193,6 +199,7 @@ class _Plan:
     parent: dict[str, Any] | None
     skipped: dict[str, int]
     line_versions: list[str] | None
+    refused: dict[str, int] = field(default_factory=dict)  # per (version, hash) pair (trainer.provenance)
 
 
 def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any) -> RoundResult:
@@ -257,8 +264,15 @@ def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | R
         parent = None
     current = parent["version"] if parent else None  # the policy the round starts from: on-policy rows are its
     line_versions = registry.line_versions(line) if line is not None else None  # staleness counts these only
+    rows, refused = split_unverified(data.rows, registered_hashes(registry.rows()))
+    if refused:
+        log.warning(
+            "refused %d transitions sampled by adapters the registry does not know (version#hash: rows): %s",
+            sum(refused.values()),
+            refused,
+        )
     rows, skipped = split_stale(
-        data.rows, current_version=current, max_staleness=cfg.max_staleness, line_versions=line_versions
+        rows, current_version=current, max_staleness=cfg.max_staleness, line_versions=line_versions
     )
     if skipped:
         log.warning(
@@ -272,7 +286,8 @@ def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | R
         return RoundResult(
             None,
             reason=f"{rows.num_rows} of {n} new transitions are within max_staleness={cfg.max_staleness} "
-            f"of {current or 'the base model'} (min_new_transitions={cfg.min_new_transitions})",
+            f"of {current or 'the base model'} (min_new_transitions={cfg.min_new_transitions})"
+            + (f"; {sum(refused.values())} came from adapters the registry does not know" if refused else ""),
             n_transitions=n,
             version_start=start,
             version_end=end,
@@ -282,7 +297,7 @@ def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | R
     parent_path = (
         str(local_copy(parent, cache_dir=cfg.checkpoint_dir, storage_options=cfg.storage_options)) if parent else None
     )
-    return _Plan(_Job(rows, parent_path, current), data, start, parent, skipped, line_versions)
+    return _Plan(_Job(rows, parent_path, current), data, start, parent, skipped, line_versions, refused)
 
 
 def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | None) -> RoundResult:
@@ -294,6 +309,7 @@ def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | Non
     end, n = data.version_end, data.rows.num_rows
     offpolicy = with_skipped(result.offpolicy, plan.skipped, current_version=current, line_versions=plan.line_versions)
 
+    refusals = {"refused_unknown_adapter": sum(plan.refused.values()), "refused_adapters": plan.refused}
     version, number = registry.next_version()
     credit = recorded_credit(lake, cfg.table, end)  # a variant's settings (or the pipeline's), as its commits say
     meta = {
@@ -334,7 +350,7 @@ def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | Non
             train_version_end=end,
             n_transitions=n,
             config={**cfg.recorded(), "credit": credit},
-            metrics={**result.summary, **stored.metrics(), "offpolicy": offpolicy},
+            metrics={**result.summary, **stored.metrics(), "offpolicy": offpolicy, **refusals},
             artifact_uri=stored.uri,
             manifest_sha256=stored.manifest_sha256,
             agent=line,
@@ -367,7 +383,7 @@ def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | Non
         n_transitions=n,
         version_start=start,
         version_end=end,
-        metrics=result.summary,
+        metrics={**result.summary, "refused_unknown_adapter": float(refusals["refused_unknown_adapter"])},
         history=result.history,
         offpolicy=offpolicy,
     )

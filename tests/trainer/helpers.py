@@ -75,6 +75,7 @@ def transition(
     loss_mask: list[int] | None = None,
     agent: str = "solver",
     policy_version: str | None = "base",
+    policy_sha256: str | None = None,
     group: str = "g0",
 ) -> dict[str, Any]:
     """One TRANSITIONS row; reward and return equal the advantage unless a test says otherwise."""
@@ -96,6 +97,7 @@ def transition(
         "return": advantage,
         "advantage": advantage,
         "policy_version": policy_version,
+        "policy_sha256": policy_sha256,
         "llm_model": "tiny",
         "token_source": "exact",
         "credit_mode": "identical",
