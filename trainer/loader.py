@@ -18,7 +18,9 @@ the folder served before is loaded again first (none before: the name is unloade
 fails keeps serving what it had and says what that is. Nothing a command does stops the loader.
 
 On start a fresh vLLM serves no adapter, so the loader reads the topic from the beginning, applies the
-latest command per served name, and then follows the topic.
+latest command per served name, and then follows the topic. Every ``resync_s`` it also checks that vLLM
+still lists each name it loaded: a vLLM that restarted (or was down when a command came) gets the latest
+command again, and a new ack says so.
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ class Loader:
     check_prompt: str = "Hello"
     timeout_s: float = 120.0
     poll_ms: int = 200
+    resync_s: float = 10.0
+    # served name -> (its latest command, whether to re-apply it when vLLM lists no adapter under the name:
+    # it was loaded, or vLLM was down when it came; not after the command itself failed)
+    _latest: dict[str, tuple[dict[str, Any], bool]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, replica: str | None = None, vllm_url: str | None = None) -> Loader:
@@ -216,15 +222,52 @@ class Loader:
         try:
             self._assign(consumer, stop)
             for event in latest_releases(self._catch_up(consumer), self.replica).values():
-                self._answer(producer, self.handle(event), on_ack)
+                self._apply(producer, event, on_ack)
             log.info("%s: following %s", self.replica, self.kafka.models_topic)
+            checked = time.monotonic()
             while not stop.is_set():
                 for event in self._poll(consumer, self.poll_ms):
                     if targets_me(event, self.replica):
-                        self._answer(producer, self.handle(event), on_ack)
+                        self._apply(producer, event, on_ack)
+                if time.monotonic() - checked >= self.resync_s:
+                    for event in self._lost():
+                        log.warning(
+                            "%s: vLLM lists no %s; loading %s again",
+                            self.replica,
+                            event["served_name"],
+                            event["version"],
+                        )
+                        self._apply(producer, event, on_ack)
+                    checked = time.monotonic()
         finally:
             consumer.close()
             producer.close(timeout=5)
+
+    def _apply(self, producer: Any, event: dict[str, Any], on_ack: AckHook | None) -> None:
+        """Handle one command, send its ack, and remember it for the resync."""
+        ack = self.handle(event)
+        self._answer(producer, ack, on_ack)
+        self._latest[str(event["served_name"])] = (event, ack["ok"] or not self._vllm_up())
+
+    def _vllm_up(self) -> bool:
+        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
+        try:
+            return client.healthy()
+        finally:
+            client.close()
+
+    def _lost(self) -> list[dict[str, Any]]:
+        """The commands to apply again: vLLM answers but lists no adapter under their name."""
+        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
+        try:
+            if not client.healthy():
+                return []
+            return [e for name, (e, again) in self._latest.items() if again and client.adapter_root(name) is None]
+        except PublishError as exc:
+            log.warning("%s: cannot list vLLM's adapters: %s", self.replica, exc)
+            return []
+        finally:
+            client.close()
 
     def _assign(self, consumer: Any, stop: threading.Event) -> None:
         from kafka import TopicPartition

@@ -114,12 +114,12 @@ def test_a_failing_replica_acks_the_error_and_a_silent_one_is_named(
     settings: Settings, running: list[dict[str, Any]]
 ) -> None:
     cmd = release_command(_row("v1"), served_name="p")
-    outcome = release(settings.kafka, cmd, ["r1", "ghost"], timeout_s=15)
+    outcome = release(settings.kafka, cmd, ["r1", "ghost"], timeout_s=6)
     assert outcome.silent == ["ghost"]
     ack = outcome.acks["r1"]
     assert not ack["ok"] and "unreachable" in ack["error"] and ack["serving_version"] is None
     errors = outcome.errors()
-    assert "unreachable" in errors["r1"] and "no ack within 15s" in errors["ghost"]
+    assert "unreachable" in errors["r1"] and "no ack within 6s" in errors["ghost"]
     # the loader is still there for the next command
     again = release(settings.kafka, release_command(_row("v2"), served_name="p"), ["r1"], timeout_s=15)
     assert again.acks["r1"]["version"] == "v2" and [a["version"] for a in running] == ["v1", "v2"]
@@ -144,13 +144,13 @@ def test_publish_through_the_bus_records_every_replicas_error(
         manifest_sha256=stored.manifest_sha256,
     )
     pub = Publisher(
-        registry=reg, vllm_url="", served_name="p", kafka=settings.kafka, replicas=("r1", "r2"), ack_timeout_s=10
+        registry=reg, vllm_url="", served_name="p", kafka=settings.kafka, replicas=("r1", "r2"), ack_timeout_s=6
     )
     with pytest.raises(PublishError, match="v0001 was not published: replica r1: .*unreachable.*replica r2: no ack"):
         pub.publish("v0001")
     row = reg.get("v0001")
     assert row["publish_status"] == "failed"
-    assert "replica r1:" in row["publish_error"] and "replica r2: no ack within 10s" in row["publish_error"]
+    assert "replica r1:" in row["publish_error"] and "replica r2: no ack within 6s" in row["publish_error"]
     (now,) = served_now(reg.lake)  # r1's ack was recorded; r2 said nothing
     assert (now["replica"], now["version"], now["ok"], now["serving_version"]) == ("r1", "v0001", False, None)
 

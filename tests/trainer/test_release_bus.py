@@ -6,12 +6,15 @@ and the loaders downloading from it into their own caches. The loaders run as th
 
 Versions: v0001 is a fresh adapter (LoRA B = 0: exactly the base model), v0002 the same adapter with B
 drawn from a seeded normal (std 0.2: greedy text on PROMPT changes), v0003 another draw whose stored
-adapter file then gets one byte changed in the object store (a corrupt upload).
+adapter file then gets one byte changed in the object store (a corrupt upload). At the end one vLLM
+loses its adapter through vLLM's own unload endpoint, as a restarted vLLM would have none, and its loader
+loads the latest release again.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +85,7 @@ def loaders(
             vllm_url=url,
             cache_dir=tmp_path / f"host-{replica}" / "models",
             storage_options=object_store.storage_options,
+            resync_s=1.0,
         )
         threads.append(threading.Thread(target=loader.run, args=(stop,), name=f"loader-{replica}"))
     for t in threads:
@@ -106,6 +110,7 @@ def loaders(
 def test_two_replicas_publish_refuse_a_corrupt_version_and_roll_back(
     settings: Settings,
     vllm_server: VllmServer,
+    vllm_server_b: VllmServer,
     object_store: ObjectStore,
     loaders: dict[str, VllmClient],
     tmp_path: Path,
@@ -178,3 +183,13 @@ def test_two_replicas_publish_refuse_a_corrupt_version_and_roll_back(
     assert texts() == v1_text
     assert reg.serving()["version"] == v1 and reg.get(v2)["publish_status"] == "rolled_back"
     assert serving() == {r: (v1, reg.get(v1)["manifest_sha256"]) for r in REPLICAS}
+
+    # r2's vLLM loses its adapter (what a restart does): its loader notices and loads v1 again
+    httpx.post(
+        f"{vllm_server_b.url}/v1/unload_lora_adapter", json={"lora_name": ADAPTER}, timeout=30
+    ).raise_for_status()
+    deadline = time.monotonic() + 60
+    while loaders["r2"].adapter_root(ADAPTER) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert Path(loaders["r2"].adapter_root(ADAPTER) or "").name == v1
+    assert texts() == v1_text
