@@ -1,10 +1,12 @@
 """Asset checks: the invariants the trainer relies on, evaluated on the tables as written."""
 
 import polars as pl
-from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
+from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from pipelines.assets import rewards, spans, trajectories, transitions
 from pipelines.resources import LakeResource
+from trainer.provenance import is_unverified, registered_hashes
+from trainer.registry import Registry
 
 MIN_REWARD_COVERAGE = 0.5
 
@@ -81,6 +83,48 @@ def transitions_finite(lake: LakeResource) -> AssetCheckResult:
     return AssetCheckResult(passed=n_bad == 0, metadata={"non_finite": n_bad})
 
 
+@asset_check(
+    asset=transitions,
+    description="Every adapter hash recorded with a transition is its version's registered hash (model_versions).",
+)
+def transitions_served_adapters_known(lake: LakeResource) -> AssetCheckResult:
+    """Flag transitions whose (policy version, policy_sha256) the registry does not know (``trainer.provenance``).
+
+    Such rows were sampled by files that are not the version they are named after: a replica that
+    kept an old adapter under a new name, a version folder changed after registration, another
+    lake's version. A WARN, not a failure: the rows are well-formed, the trainer already refuses them
+    for its losses, and the fault is in serving, which blocking the lake would not repair (it would
+    stop every other row from being built). The metadata names the pairs so the replica can be found.
+    """
+    the_lake = lake.lake()
+    scan = the_lake.scan("transitions")
+    if scan is None or "policy_sha256" not in scan.collect_schema().names():  # none yet, or from before v4
+        return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN, metadata={"rows_with_hash": 0})
+    pairs = (
+        scan.filter(pl.col("policy_sha256").is_not_null())
+        .group_by("policy_version", "policy_sha256")
+        .agg(pl.len().alias("rows"))
+        .sort("policy_version", "policy_sha256")
+        .collect()
+    )
+    registered = registered_hashes(Registry(the_lake).rows())
+    unknown = [
+        {"policy_version": pv, "policy_sha256": sha, "rows": n}
+        for pv, sha, n in pairs.iter_rows()
+        if is_unverified(pv, sha, registered)
+    ]
+    n_unknown = sum(u["rows"] for u in unknown)
+    return AssetCheckResult(
+        passed=n_unknown == 0,
+        severity=AssetCheckSeverity.WARN,
+        metadata={
+            "rows_with_hash": int(pairs["rows"].sum()) if pairs.height else 0,
+            "unknown_rows": n_unknown,
+            "unknown_pairs": MetadataValue.json(unknown),
+        },
+    )
+
+
 @asset_check(asset=trajectories, description="Share of ended trajectories that have a reward.")
 def reward_coverage(lake: LakeResource) -> AssetCheckResult:
     scan = lake.lake().scan("trajectories")
@@ -100,4 +144,11 @@ def reward_coverage(lake: LakeResource) -> AssetCheckResult:
     )
 
 
-all_checks = [spans_unique, rewards_unique, transitions_lengths, transitions_finite, reward_coverage]
+all_checks = [
+    spans_unique,
+    rewards_unique,
+    transitions_lengths,
+    transitions_finite,
+    transitions_served_adapters_known,
+    reward_coverage,
+]

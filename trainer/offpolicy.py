@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from trainer.data import Example
+if TYPE_CHECKING:  # trainer.data imports torch; the version rules are read where torch is not (pipelines.checks)
+    from trainer.data import Example
 
 _VERSION = re.compile(r"v(\d+)")
 UNKNOWN = "unknown"  # the source of a row with no policy_version

@@ -35,6 +35,7 @@ class Call:
     response_id: str | None = None
     reward_after: float | None = None  # an intermediate reward span right after the call
     policy_version: str | None = "v0"
+    policy_sha256: str | None = None  # the served adapter's manifest hash, as the gateway records it
 
 
 @dataclass
@@ -109,6 +110,8 @@ def make_spans(r: Rollout, *, provider: TracerProvider | None = None) -> list[Re
                 attrs[A.LLM_COMPLETION_LOGPROBS] = c.logprobs
             if c.policy_version:
                 attrs[A.LLM_POLICY_VERSION] = c.policy_version
+            if c.policy_sha256:
+                attrs[A.LLM_POLICY_SHA256] = c.policy_sha256
             name = A.LLM_CALL_SPAN_NAME
         if c.messages_in is not None:
             attrs[A.GEN_AI_INPUT_MESSAGES] = json.dumps(c.messages_in)
