@@ -84,11 +84,14 @@ def wait_for_acks(
     )
     acks: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
+    topic_deadline = time.monotonic() + min(timeout_s, 10.0)  # metadata of an existing topic comes at once
     try:
-        parts = None
         while (parts := consumer.partitions_for_topic(kafka.model_acks_topic)) is None:
-            if time.monotonic() > deadline:
-                return acks
+            if time.monotonic() > topic_deadline:
+                raise PublishError(
+                    f"the acks topic {kafka.model_acks_topic} does not exist on {kafka.bootstrap_servers}: "
+                    "`agentlake up` creates it (kafka.model_acks_topic), or create it as the other topics"
+                )
             time.sleep(0.2)
         tps = [TopicPartition(kafka.model_acks_topic, p) for p in sorted(parts)]
         consumer.assign(tps)
