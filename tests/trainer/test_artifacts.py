@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -94,8 +95,17 @@ def test_a_downloaded_version_is_loaded_from_a_folder_named_after_it(object_stor
     folder = local_copy(row, cache_dir=cache, storage_options=opts)
     assert folder == cache / stored.manifest_sha256[:16] / "v0001"
     verify_folder(folder, stored.manifest_sha256)
-    _, recorded = served_policy("policy", {"policy": ("base", str(folder))})
+    recorded = served_policy("policy", {"policy": ("base", str(folder))}).version
     assert recorded == "policy@v0001" and source_of(recorded) == "v0001"
     # A second fetch uses the verified copy, and no temporary folder is left beside it.
     assert local_copy(row, cache_dir=cache, storage_options=opts) == folder
     assert sorted(p.name for p in folder.parent.iterdir()) == ["v0001"]
+
+    # Fetches racing into an empty cache (threads of one process, as a loader may run them): each gets
+    # the one verified folder, and the losers' temporary folders are gone.
+    fresh = tmp_path / "fresh-cache"
+    with ThreadPoolExecutor(4) as pool:
+        got = set(pool.map(lambda _: local_copy(row, cache_dir=fresh, storage_options=opts), range(4)))
+    assert got == {fresh / stored.manifest_sha256[:16] / "v0001"}
+    verify_folder(next(iter(got)), stored.manifest_sha256)
+    assert sorted(p.name for p in (fresh / stored.manifest_sha256[:16]).iterdir()) == ["v0001"]
