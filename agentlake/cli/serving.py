@@ -50,16 +50,16 @@ def served_table(settings: Settings) -> Table | None:
     rows = served_now(Lake.from_settings(settings))
     if not rows:
         return None
-    table = Table("replica", "served name", "serving", "manifest sha256", "last release", "acked")
+    table = Table("replica", "served name", "serving", "sha256", "last release", "acked (UTC)")
     for r in rows:
         last = f"{r['version']} ok" if r["ok"] else f"[red]{r['version']} failed[/]: {r['error']}"
         table.add_row(
             r["replica"],
             r["served_name"],
             r["serving_version"] or "-",
-            (r["serving_sha256"] or "-")[:16],
+            (r["serving_sha256"] or "-")[:12],
             last,
-            r["timestamp"].strftime("%Y-%m-%d %H:%M:%S"),
+            r["timestamp"].strftime("%H:%M:%S"),
         )
     return table
 

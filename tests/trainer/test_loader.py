@@ -170,3 +170,23 @@ def test_served_now_is_the_latest_ack_per_replica_and_name(tmp_path: Path) -> No
     record_acks(lake, [ack("r1", "p", "v2", 3), ack("r1", "p-planner", "v7", 2)])
     now = [(r["replica"], r["served_name"], r["serving_version"]) for r in served_now(lake)]
     assert now == [("r1", "p", "v2"), ("r1", "p-planner", "v7"), ("r2", "p", "v1")]
+
+
+def test_the_cli_shows_what_each_replica_serves_and_a_loader_needs_a_name(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agentlake.cli import app
+
+    lake = tmp_path / "lake"
+    config = tmp_path / "agentlake.toml"
+    config.write_text(f'[lake]\nroot = "{lake}"\n[state]\ndir = "{tmp_path / "state"}"\n')
+    runner = CliRunner()
+    empty = runner.invoke(app, ["model", "served", "--config", str(config)])
+    assert empty.exit_code == 0 and "no replica has acked" in empty.output
+    cmd = release_command(_row("v0002"), served_name="agentlake-policy")
+    served = Served("/cache/abcd/v0002", "v0002", "f" * 64)
+    record_acks(Lake(str(lake)), [build_ack(cmd, "gpu-a", error=None, served=served, seconds=0.3)])
+    shown = runner.invoke(app, ["model", "served", "--config", str(config)])
+    assert shown.exit_code == 0 and "gpu-a" in shown.output and "v0002" in shown.output and "f" * 12 in shown.output
+    nameless = runner.invoke(app, ["loader", "--config", str(config)])
+    assert nameless.exit_code == 1 and "--replica" in nameless.output
