@@ -6,7 +6,8 @@ and the loaders downloading from it into their own caches. The loaders run as th
 
 Versions: v0001 is a fresh adapter (LoRA B = 0: exactly the base model), v0002 the same adapter with B
 drawn from a seeded normal (std 0.2: greedy text on PROMPT changes), v0003 another draw whose stored
-adapter file then gets one byte changed in the object store (a corrupt upload). At the end one vLLM
+adapter file then gets one byte changed in the object store (a corrupt upload), v0004 an adapter of a rank
+above vLLM's ``--max-lora-rank`` (stored intact, refused by vLLM at load). At the end one vLLM
 loses its adapter through vLLM's own unload endpoint, as a restarted vLLM would have none, and its loader
 loads the latest release again.
 """
@@ -176,6 +177,18 @@ def test_two_replicas_publish_refuse_a_corrupt_version_and_roll_back(
     assert reg.serving()["version"] == v2
     assert texts() == v2_text
     assert serving() == {r: (v2, v2_sha) for r in REPLICAS}  # the publisher's release of v2 after the failure
+
+    # v4 downloads fine but vLLM refuses it (LoRA rank 32 > --max-lora-rank 16): each loader puts v2 back
+    wide = cfg.replace(lora_rank=32, lora_alpha=64)
+    wide_model, _ = load_policy(wide)
+    v4 = _register(reg, wide_model, tok, wide, 4, opts)
+    with pytest.raises(PublishError, match=f"{v4} was not published"):
+        pub.publish(v4)
+    assert reg.get(v4)["publish_status"] == "failed" and "vLLM /v1/" in reg.get(v4)["publish_error"]
+    assert {r: c.adapter_root(ADAPTER) for r, c in loaders.items()} == {
+        r: str(tmp_path / f"host-{r}" / "models" / v2_sha[:16] / v2) for r in REPLICAS
+    }
+    assert texts() == v2_text
 
     # rollback to v1: the same protocol, both serve v1 again
     back = pub.rollback(v1)
