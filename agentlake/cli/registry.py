@@ -163,6 +163,13 @@ def publish(
         console.print(f"  eval: candidate {result.scores['candidate']:.3f}, serving {result.scores['serving']:.3f}")
     if result.event_error:
         console.print(f"  [yellow]release event not sent:[/] {result.event_error}")
+    _print_acks(result.acks)
+
+
+def _print_acks(acks: dict[str, dict[str, Any]]) -> None:
+    """One line per replica that acked a release through the bus (serving.replicas)."""
+    for replica, ack in sorted(acks.items()):
+        console.print(f"  {replica}: serving {ack['serving_version']} (loaded and checked in {ack['seconds']:.2f}s)")
 
 
 @model_app.command()
@@ -180,3 +187,4 @@ def rollback(
     pub = Publisher.from_settings(settings, vllm_url=vllm_url, restart=_restart_local_vllm(settings))
     result = pub.rollback(to, agent=agent)
     console.print(f"[green]serving {result.version}[/] again (was {result.previous}) in {result.seconds:.2f}s")
+    _print_acks(result.acks)
