@@ -224,8 +224,8 @@ class Publisher:
             result = self._finish(row, "published", t0, serving, {})
             result.acks, result.bus_seconds = outcome.acks, outcome.seconds
             return result
-        if serving is not None and serving["version"] != row["version"]:
-            self._bus_restore(serving)
+        if outcome is not None and serving is not None and serving["version"] != row["version"]:
+            self._bus_restore(serving)  # a command went out: replicas that took it go back
         self._finish(row, "failed", t0, serving, {}, error=error)
         raise PublishError(f"{row['version']} was not published: {error}")
 
@@ -249,7 +249,8 @@ class Publisher:
         t0 = time.perf_counter()
         outcome, error = self._try_release(target)
         if outcome is None or error:
-            self._bus_restore(current)
+            if outcome is not None:
+                self._bus_restore(current)
             self.registry.set_status(current["version"], "published", error=f"rollback failed: {error}")
             raise PublishError(f"rollback to {target['version']} failed: {error}")
         result = self._rolled_back(current, target["version"], t0)
