@@ -126,6 +126,7 @@ class CallSpec:
     messages_out: list[dict[str, str]] | None
     policy_version: str
     tool: bool  # a tool span follows the call (noise: not an LLM call)
+    policy_sha256: str | None = None  # the served adapter's manifest hash, as the gateway records it
     # set when the spans are made
     span_id: str = ""
     response_id: str = ""
@@ -322,6 +323,7 @@ def call_specs(draw: st.DrawFn, messages: bool) -> CallSpec:
         messages_out=m_out,
         policy_version=draw(st.sampled_from(["v0", "v1"])),
         tool=draw(st.booleans()),
+        policy_sha256=draw(st.sampled_from([None, "0" * 64, "1" * 64])),
     )
 
 
@@ -404,6 +406,8 @@ def make_spans(r: RolloutSpec, rng: random.Random, t0: int) -> None:
         attrs[A.GEN_AI_RESPONSE_ID] = c.response_id
         attrs[A.GEN_AI_RESPONSE_MODEL] = MODEL
         attrs[A.LLM_POLICY_VERSION] = c.policy_version
+        if c.policy_sha256 is not None:
+            attrs[A.LLM_POLICY_SHA256] = c.policy_sha256
         if c.prompt is not None:
             attrs[A.LLM_PROMPT_TOKEN_IDS] = c.prompt
             attrs[A.LLM_COMPLETION_TOKEN_IDS] = c.response
@@ -637,6 +641,7 @@ def reference_trajectories(rollouts: Sequence[RolloutSpec]) -> dict[Any, dict[st
                     "completion_logprobs": f32(c.logprobs),
                     "input_messages": None if c.messages_in is None else json.dumps(c.messages_in),
                     "output_messages": None if c.messages_out is None else json.dumps(c.messages_out),
+                    "policy_sha256": c.policy_sha256,
                 }
                 for i, c in enumerate(r.calls)
             ],
@@ -680,6 +685,7 @@ def reference_transitions(rollouts: Sequence[RolloutSpec]) -> dict[Any, dict[str
                 "return": R,
                 "advantage": adv,
                 "policy_version": c.policy_version,
+                "policy_sha256": c.policy_sha256,
                 "llm_model": MODEL,
                 "token_source": source,
                 "credit_mode": "identical",
