@@ -132,7 +132,7 @@ def test_rounds_read_from_s3_store_versions_in_the_bucket_and_resume_on_a_fresh_
     fresh = cfg.replace(checkpoint_dir=str(tmp_path / "fresh-host" / "models"))
     second = train_once(cfg=fresh)
     assert second.version == "v0002" and second.parent_version == "v0001" and second.n_transitions == 4
-    fetched = tmp_path / "fresh-host" / "models" / f"v0001-{row['manifest_sha256'][:16]}"
+    fetched = tmp_path / "fresh-host" / "models" / row["manifest_sha256"][:16] / "v0001"
     verify_folder(fetched, row["manifest_sha256"])  # every hash, not only sizes
     assert json.loads((fetched / "checkpoint.json").read_text())["version"] == "v0001"
     assert lineage.summary("v0002")["transitions"] == 4 and lineage.summary("v0002")["table_versions"] == [end2]
@@ -206,7 +206,7 @@ def test_publish_and_rollback_from_a_host_that_never_trained_load_verified_downl
     assert publisher.publish("v0001").status == "published"
     assert publisher.publish("v0002").status == "published"
     assert publisher.rollback().version == "v0001"
-    folders = {v: serving_host / f"{v}-{registry.get(v)['manifest_sha256'][:16]}" for v in ("v0001", "v0002")}
+    folders = {v: serving_host / registry.get(v)["manifest_sha256"][:16] / v for v in ("v0001", "v0002")}
     assert vllm.loads() == [str(folders["v0001"]), str(folders["v0002"]), str(folders["v0001"])]
     for v, folder in folders.items():
         verify_folder(folder, registry.get(v)["manifest_sha256"])
