@@ -638,6 +638,17 @@ class Settings(_Section):
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
+    @model_validator(mode="after")
+    def _gate_and_bus(self) -> Settings:
+        # The gate scores a candidate on a vLLM the publisher loads it into; replicas load only what the bus
+        # commands, so a version would train and then fail to publish: refuse the pair when settings load.
+        if self.serving.replicas and self.trainer.eval_tasks is not None:
+            raise ValueError(
+                "trainer.eval_tasks and serving.replicas are both set, but the eval gate does not run through "
+                "the release bus yet: unset one (publish gated versions to a single vLLM, or ungated ones to replicas)"
+            )
+        return self
+
 
 # Conventional short names -> (section, key).
 ENV_ALIASES: dict[str, tuple[str, str]] = {

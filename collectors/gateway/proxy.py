@@ -4,7 +4,8 @@ It takes the client's request (bearer token, body under ``gateway.max_body_bytes
 headers or the ``/rollout/{id}/`` path, ``traceparent``), picks an upstream in turn, sends it what
 collectors.gateway.recording makes of the request, and relays the answer: whole, or streamed line by
 line as it comes. The recording module decides what the call becomes; this one only moves bytes.
-Upstream errors pass through unchanged; an unreachable upstream is 502, a slow one 504.
+Upstream errors pass through unchanged; an unreachable upstream is 502, a slow one 504. Where vLLM
+wants an API key (``vllm.api_key_env``), every upstream request carries it instead of the client's.
 
 The agent a call is for (the ``x-agentlake-agent`` header) is recorded on its span; when that agent
 has a policy line of its own (``trainer.agents``), a call to ``model.served_name`` is sent to the
@@ -108,6 +109,9 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self._models: dict[str, tuple[float, dict[str, tuple[str | None, str | None]]]] = {}
+        # vLLM's --api-key (vllm.api_key_env): every upstream request carries it, in place of the client's own
+        key = settings.vllm.api_key()
+        self.upstream_auth = {"authorization": f"Bearer {key}"} if key else {}
         self._manifests = ManifestHashes()
         self.recorder = CallRecorder(sink, topic=settings.kafka.spans_topic, policy=self._policy)
 
@@ -145,7 +149,7 @@ class Gateway:
         at, parents = self._models.get(upstream, (0.0, {}))
         if model not in parents or time.monotonic() - at > _MODELS_TTL_S:
             try:
-                r = await self.client.get(f"{upstream}/v1/models", timeout=5.0)
+                r = await self.client.get(f"{upstream}/v1/models", timeout=5.0, headers=self.upstream_auth)
                 parents = {
                     m["id"]: (m.get("parent"), m.get("root")) for m in r.json().get("data", []) if isinstance(m, dict)
                 }
@@ -210,6 +214,7 @@ class Gateway:
         out = {k: v for k, v in request.headers.items() if k not in _DROP_HEADERS and not k.startswith("x-agentlake-")}
         if self.auth.is_ours(out.get("authorization")):
             del out["authorization"]
+        out.update(self.upstream_auth)
         out["traceparent"] = tp
         out["content-type"] = "application/json"
         return out
@@ -331,7 +336,7 @@ class Gateway:
         single = len(self.upstreams) == 1
         for upstream in self.upstreams:
             try:
-                r = await self.client.get(f"{upstream}/v1/models")
+                r = await self.client.get(f"{upstream}/v1/models", headers=self.upstream_auth)
             except httpx.HTTPError as exc:
                 if single:
                     return openai_error(502, f"upstream {upstream} is unreachable: {exc}", "upstream_error")

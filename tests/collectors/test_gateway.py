@@ -47,6 +47,7 @@ class FakeVllm:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.model_headers: list[dict[str, str]] = []  # of the /v1/models requests
         self.fail: int | None = None
         self.hold: asyncio.Event | None = None
         self.adapter_root = "/a/v2"  # the folder /v1/models reports policy-v2 was loaded from
@@ -158,7 +159,8 @@ class FakeVllm:
                 }
             )
 
-        async def models(_: Request) -> Response:
+        async def models(request: Request) -> Response:
+            self.model_headers.append(dict(request.headers))
             return JSONResponse(
                 {
                     "object": "list",
@@ -290,6 +292,30 @@ async def test_each_call_carries_the_served_adapters_manifest_hash_into_the_span
         ("policy-v2@v0002", changed),
     ]
     assert all(A.LLM_POLICY_SHA256 not in json.loads(r["attributes"]) for r in rows)
+
+
+async def test_vllms_api_key_goes_upstream_in_place_of_the_clients(
+    fake: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_GATEWAY_VLLM_KEY", "vllm-secret")
+    settings = load_settings(
+        environ={},
+        overrides={"gateway": {"upstreams": [UPSTREAM]}, "vllm": {"api_key_env": "TEST_GATEWAY_VLLM_KEY"}},
+    )
+    sink = MemorySink()
+    gateway = Gateway(settings, sink, client=httpx.AsyncClient(transport=httpx.ASGITransport(fake.app())))
+    async with client_for(gateway) as c:
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"model": "policy-v2", "messages": MSGS},
+            headers={"authorization": "Bearer sk-client"},
+        )
+        models = await c.get("/v1/models")
+    assert r.status_code == 200 and models.status_code == 200
+    await settle(gateway)
+    assert fake.headers[0]["authorization"] == "Bearer vllm-secret"
+    assert fake.model_headers and {h["authorization"] for h in fake.model_headers} == {"Bearer vllm-secret"}
+    assert spans(sink)[0]["attrs"][A.LLM_POLICY_VERSION] == "policy-v2@v2"  # its /v1/models lookup was let in
 
 
 async def test_client_asking_for_extras_keeps_them_and_path_prefix_names_rollout(gw, fake: FakeVllm) -> None:

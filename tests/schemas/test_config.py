@@ -98,3 +98,10 @@ def test_missing_reward_is_drop_or_a_finite_number() -> None:
     for bad in ("nan", float("inf"), "skip"):
         with pytest.raises(ValueError):
             CreditSettings(missing_reward=bad)
+
+
+def test_the_eval_gate_and_the_release_bus_are_refused_together() -> None:
+    """The gate cannot score through the bus: the pair is refused when settings load, not after a round trained."""
+    with pytest.raises(ConfigError, match="eval gate does not run through the release bus"):
+        load_settings(environ={}, overrides={"serving": {"replicas": ["a"]}, "trainer": {"eval_tasks": "x.jsonl"}})
+    assert load_settings(environ={}, overrides={"serving": {"replicas": ["a"]}}).serving.replicas == ["a"]
