@@ -26,7 +26,6 @@ command again, and a new ack says so.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import threading
@@ -38,9 +37,10 @@ from typing import Any
 
 from schemas.config import KafkaSettings, Settings
 from schemas.errors import AgentlakeError
+from schemas.manifest import ManifestHashes
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
-from trainer.artifacts import MANIFEST_FILE, local_copy
+from trainer.artifacts import local_copy
 from trainer.errors import PublishError
 from trainer.releases import RELEASE, encode
 from trainer.vllm_client import VllmClient
@@ -76,14 +76,13 @@ def latest_releases(events: Iterable[Mapping[str, Any]], replica: str) -> dict[s
     return latest
 
 
-def served_under(client: VllmClient, name: str) -> Served:
-    """What ``client``'s vLLM serves under ``name``, read back from vLLM and the folder it names."""
+def served_under(client: VllmClient, name: str, hashes: ManifestHashes) -> Served:
+    """What ``client``'s vLLM serves under ``name``, read back from vLLM and the folder it names (its
+    manifest hashed as the gateway hashes it, ``schemas.manifest``)."""
     root = client.adapter_root(name)
     if root is None:
         return Served()
-    manifest = Path(root) / MANIFEST_FILE
-    sha = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
-    return Served(root, Path(root).name, sha)
+    return Served(root, Path(root).name, hashes.sha256(root))
 
 
 def build_ack(
@@ -123,6 +122,7 @@ class Loader:
     # served name -> (its latest command, whether to re-apply it when vLLM lists no adapter under the name:
     # it was loaded, or vLLM was down when it came; not after the command itself failed)
     _latest: dict[str, tuple[dict[str, Any], bool]] = field(default_factory=dict, init=False, repr=False)
+    _hashes: ManifestHashes = field(default_factory=ManifestHashes, init=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, replica: str | None = None, vllm_url: str | None = None) -> Loader:
@@ -149,12 +149,12 @@ class Loader:
         client = VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
         before, loaded = Served(), False
         try:
-            before = served_under(client, name)
+            before = served_under(client, name, self._hashes)
             folder = self._fetch(event)
             if before.folder != folder:
                 loaded = True
                 client.load_lora(name, folder, inplace=True)
-            now = served_under(client, name)
+            now = served_under(client, name, self._hashes)
             if now.folder != folder:
                 raise PublishError(f"after loading, vLLM lists {name!r} at {now.folder}, not {folder}")
             client.complete(name, self.check_prompt, max_tokens=1)
@@ -164,7 +164,7 @@ class Loader:
             if loaded:
                 self._restore(client, name, before)
         try:
-            served = served_under(client, name)
+            served = served_under(client, name, self._hashes)
         except Exception as exc:  # vLLM is away: say so, and that what it serves is unknown
             served = Served()
             error = error or f"cannot read what vLLM serves: {exc}"
