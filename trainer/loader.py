@@ -141,12 +141,16 @@ class Loader:
             check_prompt=serving.check_prompt,
         )
 
+    def _client(self) -> VllmClient:
+        """A client of the vLLM beside this loader, with its API key."""
+        return VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
+
     # -- one command ------------------------------------------------------------------------------
     def handle(self, event: Mapping[str, Any]) -> dict[str, Any]:
         """Carry out one release command; the ack says how it went and what is served now. Never raises."""
         t0 = time.perf_counter()
         name = str(event["served_name"])
-        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
+        client = self._client()
         before, loaded = Served(), False
         try:
             before = served_under(client, name, self._hashes)
@@ -250,7 +254,7 @@ class Loader:
         self._latest[str(event["served_name"])] = (event, ack["ok"] or not self._vllm_up())
 
     def _vllm_up(self) -> bool:
-        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
+        client = self._client()
         try:
             return client.healthy()
         finally:
@@ -258,7 +262,7 @@ class Loader:
 
     def _lost(self) -> list[dict[str, Any]]:
         """The commands to apply again: vLLM answers but lists no adapter under their name."""
-        client = VllmClient(self.vllm_url, timeout_s=self.timeout_s, api_key=self.api_key)
+        client = self._client()
         try:
             if not client.healthy():
                 return []
