@@ -43,21 +43,27 @@ def loader(
 
 
 def served_table(settings: Settings) -> Table | None:
-    """What each replica serves, from ``served_versions``; None when no replica has acked yet."""
+    """What each replica serves, from ``served_versions``, next to what the registry publishes under that
+    name; None when no replica has acked yet."""
     from schemas.lake import Lake
-    from trainer.served import served_now
+    from trainer.registry import Registry
+    from trainer.served import against_registry, served_now
 
-    rows = served_now(Lake.from_settings(settings))
+    lake = Lake.from_settings(settings)
+    rows = served_now(lake)
     if not rows:
         return None
-    table = Table("replica", "served name", "serving", "sha256", "last release", "acked (UTC)")
+    verdicts = against_registry(rows, Registry(lake).rows(), settings.model.served_name)
+    table = Table("replica", "served name", "serving", "sha256", "registry", "last release", "acked (UTC)")
     for r in rows:
         last = f"{r['version']} ok" if r["ok"] else f"[red]{r['version']} failed[/]: {r['error']}"
+        verdict = verdicts[(r["replica"], r["served_name"])]
         table.add_row(
             r["replica"],
             r["served_name"],
             r["serving_version"] or "-",
             (r["serving_sha256"] or "-")[:12],
+            "[green]current[/]" if verdict == "current" else f"[yellow]{verdict}[/]",
             last,
             r["timestamp"].strftime("%H:%M:%S"),
         )

@@ -12,7 +12,7 @@ from agentlake.cli.app import ConfigOption, app, console, handle_errors, setting
 from agentlake.stack import local
 from agentlake.stack.dagster import NO_POSTGRES_WARNING
 from agentlake.stack.health import gateway_spill
-from schemas.config import stack_file
+from schemas.config import Settings, stack_file
 
 
 class Profile(StrEnum):
@@ -80,9 +80,26 @@ def status(config: str | None = ConfigOption) -> None:
     )
     rows = [replace(r, detail=f"{spill}; {r.detail}") if r.name == "gateway" and spill else r for r in rows]
     console.print(_render(rows))
+    _print_replicas(settings)
     started = [r for r in rows if r.pid]
     if started and not all(r.healthy for r in started):
         raise typer.Exit(1)
+
+
+def _print_replicas(settings: Settings) -> None:
+    """What each vLLM replica serves (its loader's last ack), when the release bus has been used."""
+    from agentlake.cli.serving import served_table
+
+    try:
+        table = served_table(settings)
+    except Exception as exc:  # the stack table above already says whether the lake's store is up
+        console.print(f"[yellow]replicas: cannot read served_versions: {exc}[/]")
+        return
+    if table is not None:
+        table.title = "replicas (served_versions)"
+        console.print(table)
+    elif settings.serving.replicas:
+        console.print(f"replicas {', '.join(settings.serving.replicas)}: none has acked a release yet")
 
 
 @app.command()
