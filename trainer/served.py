@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.config import policy_served_name
 from schemas.lake import Lake
 from schemas.tables import SERVED_VERSIONS
 
@@ -48,8 +49,6 @@ def against_registry(
     The registry says what *should* serve; an ack says what a replica *does* serve. A replica whose loader
     missed a release, or whose vLLM restarted onto an older folder, shows up here rather than as a model
     that seems to stop learning."""
-    from schemas.config import policy_served_name
-
     rows = list(registry_rows)
     published: dict[str, dict[str, Any]] = {}
     for r in rows:
