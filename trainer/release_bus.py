@@ -8,6 +8,11 @@ the topic holds one small record per replica per release.
 A release worked when every expected replica acked ``ok`` and reports serving the manifest hash the
 registry holds; anything else is one error line per replica (its own error, a wrong hash, or silence
 until the timeout), which is what the registry records.
+
+A full-weight version restarts each replica's vLLM, so it is never sent to all at once:
+``release_serially`` sends one command per replica (``targets`` naming it), waits for that replica's ack,
+and only then sends the next; the first replica where it did not hold ends the rollout, and the replicas
+after it are named as not sent.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.config import KafkaSettings
@@ -38,6 +43,14 @@ class ReleaseOutcome:
     silent: list[str]
     timeout_s: float
     seconds: float  # from sending the command to the last ack (or the timeout)
+    # a serial rollout (release_serially): replica -> why it got no command (the rollout stopped before it,
+    # or sending failed); in the order the commands were to go
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def moved(self) -> list[str]:
+        """The replicas that acked ok and serve what the command asked for: the ones that changed."""
+        errors = self.errors()
+        return [r for r, ack in self.acks.items() if ack["ok"] and r not in errors]
 
     def errors(self) -> dict[str, str]:
         """Replica -> why the release did not hold there; empty when every replica serves the version."""
@@ -50,6 +63,7 @@ class ReleaseOutcome:
                 out[replica] = f"acked, but serves manifest {ack['serving_sha256']}, not {want}"
         for replica in self.silent:
             out[replica] = f"no ack within {self.timeout_s:.0f}s (is its loader running?)"
+        out.update(self.skipped)
         return out
 
     def summary(self) -> str:
@@ -67,6 +81,32 @@ def release(
     acks = wait_for_acks(kafka, command["release_id"], replicas, timeout_s=timeout_s)
     silent = sorted(set(replicas) - set(acks))
     return ReleaseOutcome(command, acks, silent, timeout_s, time.perf_counter() - t0)
+
+
+def release_serially(kafka: KafkaSettings, commands: Sequence[dict[str, Any]], *, timeout_s: float) -> ReleaseOutcome:
+    """Send ``commands`` (each naming one replica in ``targets``) one at a time: the next only after the
+    previous replica acked ok with the asked hash; stop at the first that did not (``timeout_s`` per replica)."""
+    t0 = time.perf_counter()
+    acks: dict[str, dict[str, Any]] = {}
+    silent: list[str] = []
+    skipped: dict[str, str] = {}
+    for i, command in enumerate(commands):
+        (replica,) = command["targets"]
+        try:
+            step = release(kafka, command, [replica], timeout_s=timeout_s)
+        except PublishError as exc:
+            skipped[replica] = str(exc)
+            failed = replica
+        else:
+            acks.update(step.acks)
+            silent += step.silent
+            if not step.errors():
+                continue
+            failed = replica
+        for later in commands[i + 1 :]:
+            skipped[later["targets"][0]] = f"not sent: the rollout stopped at replica {failed}"
+        break
+    return ReleaseOutcome(commands[0], acks, silent, timeout_s, time.perf_counter() - t0, skipped)
 
 
 def wait_for_acks(

@@ -2,9 +2,12 @@
 
 Announcements (``published``, ``failed``, ``rolled_back``) say that serving has already changed, so
 sending one never raises: a Kafka that is away or refuses it is logged and its error text is returned
-for the publish result. A release command (``release``: "serve this version under this name") is what
-the replicas' loaders act on (trainer.loader); the publisher that sends one waits for their acks
-(trainer.release_bus), and a command that could not be sent is a failed publish.
+for the publish result. Commands are what the replicas' loaders act on (trainer.loader): ``release``
+("serve this version under this name") and ``unload`` ("serve nothing under this name": sent after the
+first publish of a line failed, so replicas that took it drop it). ``targets`` names the replicas that
+should act (empty: all of them); a full-weight version is sent to one replica at a time. The publisher
+that sends a command waits for its acks (trainer.release_bus), and a command that could not be sent is
+a failed publish.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from schemas.validation import validate_record
 
 log = logging.getLogger(__name__)
 
-RELEASE = "release"  # the status of a command; the others are announcements
+RELEASE = "release"  # the status of a command: serve this version
+UNLOAD = "unload"  # the status of a command: serve nothing under this name (schema v3)
+COMMANDS = (RELEASE, UNLOAD)  # the statuses a loader acts on; the others are announcements
 
 
 def release_event(row: dict[str, Any], status: str, *, served_name: str, error: str | None = None) -> dict[str, Any]:
@@ -53,6 +58,14 @@ def release_command(row: dict[str, Any], *, served_name: str, targets: Sequence[
         manifest_sha256=row.get("manifest_sha256"),
         targets=list(targets),
     )
+    return validate_record(event, MODEL_RELEASE_EVENT)
+
+
+def unload_command(row: dict[str, Any], *, served_name: str, targets: Sequence[str] = ()) -> dict[str, Any]:
+    """An ``unload`` command: the replicas drop what they serve under ``served_name`` (``row`` is the version
+    that failed; its kind says whether that is an adapter or full weights)."""
+    event = release_event(row, UNLOAD, served_name=served_name)
+    event.update(release_id=str(uuid.uuid4()), targets=list(targets))
     return validate_record(event, MODEL_RELEASE_EVENT)
 
 

@@ -1,4 +1,5 @@
-"""The few vLLM endpoints publishing needs: list models, load/unload a LoRA adapter, complete, health.
+"""The few vLLM endpoints publishing needs: list models (adapters and the base), load/unload a LoRA adapter,
+complete, health.
 
 One small synchronous client over httpx, so the publisher, the evaluation gate and a replica's loader
 speak to vLLM the same way; every failure becomes ``PublishError`` with vLLM's own message (serving is
@@ -48,6 +49,14 @@ class VllmClient:
         for m in self.models():
             if m.get("id") == name and m.get("parent"):
                 return str(m.get("root") or "") or None
+        return None
+
+    def base_model(self) -> tuple[str, str] | None:
+        """The served base model as (its name, the folder vLLM loaded it from: ``root``), or None when vLLM
+        lists none. A full-weight version is served as the base model, so this is how a restart is checked."""
+        for m in self.models():
+            if not m.get("parent"):
+                return str(m.get("id")), str(m.get("root") or "")
         return None
 
     def load_lora(self, name: str, path: str, *, inplace: bool = True) -> None:

@@ -186,7 +186,7 @@ def test_the_cli_shows_what_each_replica_serves_and_a_loader_needs_a_name(tmp_pa
     cmd = release_command(_row("v0002"), served_name="agentlake-policy")
     served = Served("/cache/abcd/v0002", "v0002", "f" * 64)
     record_acks(Lake(str(lake)), [build_ack(cmd, "gpu-a", error=None, served=served, seconds=0.3)])
-    shown = runner.invoke(app, ["model", "served", "--config", str(config)])
+    shown = runner.invoke(app, ["model", "served", "--config", str(config)], env={"COLUMNS": "200"})  # one row a line
     assert shown.exit_code == 0 and "gpu-a" in shown.output and "v0002" in shown.output and "f" * 12 in shown.output
     nameless = runner.invoke(app, ["loader", "--config", str(config)])
     assert nameless.exit_code == 1 and "--replica" in nameless.output
