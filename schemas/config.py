@@ -413,6 +413,18 @@ class ServingSettings(_Section):
     own: its name in acks and the vLLM beside it (empty: ``vllm.url``). ``loader``: `agentlake up` starts a
     loader beside the local vLLM. ``cache_dir``: where the loader keeps downloaded versions (empty:
     ``<model.cache_dir>/serving``).
+
+    Full-weight versions (``trainer.finetune = "full"``) go to one replica at a time: the publisher sends the
+    next replica its command only after the previous one acked. A loader serves one by restarting its vLLM:
+    ``restart_command`` (the loader's own, an argv with ``{folder}``, run like ``vllm.restart_command``: it must
+    return once vLLM runs on that folder, e.g. ``["systemctl", "restart", "vllm@{folder}"]``; empty: this
+    replica refuses full-weight versions), ``restart_timeout_s`` (the command, then vLLM's health), and
+    ``gateway_url`` (the gateway in front of this replica, paused around the restart with
+    ``gateway.admin_token``; empty: none is paused).
+
+    With ``trainer.eval_tasks`` too, the gate runs on one replica before any release: the ``canary`` (empty:
+    the first of ``replicas``) scores the candidate beside what it serves (trainer.canary), and only a
+    candidate that is not worse is released to every replica.
     """
 
     replica: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$")
@@ -422,6 +434,23 @@ class ServingSettings(_Section):
     loader: bool = False
     cache_dir: Path | None = None
     check_prompt: str = "Hello"  # the one generation that proves a loaded adapter answers
+    restart_command: list[str] = Field(default_factory=list)
+    restart_timeout_s: float = Field(600.0, gt=0)
+    gateway_url: str = ""
+    canary: str = ""  # the replica whose loader scores candidates on trainer.eval_tasks (empty: replicas[0])
+
+    @model_validator(mode="after")
+    def _canary_is_a_replica(self) -> ServingSettings:
+        if self.canary and self.canary not in self.replicas:
+            raise ValueError(
+                f"serving.canary {self.canary!r} is not one of serving.replicas {self.replicas}: "
+                "name one of them, or leave it empty for the first"
+            )
+        return self
+
+    def canary_replica(self) -> str:
+        """The replica that scores candidates: ``canary``, else the first of ``replicas`` ("" without replicas)."""
+        return self.canary or (self.replicas[0] if self.replicas else "")
 
 
 class DagsterSettings(_Section):
@@ -481,6 +510,10 @@ class TrainerSettings(_Section):
     # Processes that train a round together, data-parallel under torchrun on this machine (gloo on CPU,
     # NCCL with one GPU each; trainer.distributed); 1: one process and no process group.
     nproc: int = Field(1, ge=1)
+    # How those processes split the model: "ddp", a full replica each (the default: fastest while one device
+    # holds the model); "fsdp", each holds 1/nproc of the weights, gradients and AdamW state (FSDP2): choose it
+    # when the parameters + gradients + optimizer state do not fit one device. The updates are the same.
+    parallel: Literal["ddp", "fsdp"] = "ddp"
     # The forward pass: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32", or "bf16" (CUDA only).
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # Held-out tasks (JSONL of {"prompt", "answer"}) that gate every publish, from the CLI and from the
@@ -637,17 +670,6 @@ class Settings(_Section):
     credit: CreditSettings = Field(default_factory=CreditSettings)
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
-
-    @model_validator(mode="after")
-    def _gate_and_bus(self) -> Settings:
-        # The gate scores a candidate on a vLLM the publisher loads it into; replicas load only what the bus
-        # commands, so a version would train and then fail to publish: refuse the pair when settings load.
-        if self.serving.replicas and self.trainer.eval_tasks is not None:
-            raise ValueError(
-                "trainer.eval_tasks and serving.replicas are both set, but the eval gate does not run through "
-                "the release bus yet: unset one (publish gated versions to a single vLLM, or ungated ones to replicas)"
-            )
-        return self
 
 
 # Conventional short names -> (section, key).

@@ -335,11 +335,14 @@ REWARD_EVENT = _versioned(
 )
 
 # An announcement (published | failed | rolled_back: serving already changed) or, since v2, a command
-# (release: "serve `version` under `served_name`") that each replica's loader (trainer.loader) carries
-# out and answers on the acks topic with a MODEL_RELEASE_ACK of the same release_id.
+# (release: "serve `version` under `served_name`"; since v3 also unload: "serve nothing under `served_name`",
+# sent when the first publish of a line failed) that each replica's loader (trainer.loader) carries out and
+# answers on the acks topic with a MODEL_RELEASE_ACK of the same release_id. v3 adds a status value only: v2
+# records read the same. v4: evaluate, "score `version` beside what you serve on `eval_tasks`", for the canary
+# named in `targets` only (trainer.canary); older records read with eval_tasks null.
 MODEL_RELEASE_EVENT = _versioned(
     "model_release_event",
-    2,
+    4,
     [
         pa.field("version", pa.string(), nullable=False),
         pa.field("served_name", pa.string(), nullable=False),
@@ -347,7 +350,8 @@ MODEL_RELEASE_EVENT = _versioned(
         pa.field("kind", pa.string(), nullable=False),
         pa.field("path", pa.string(), nullable=False),
         pa.field("parent_version", pa.string()),
-        pa.field("status", pa.string(), nullable=False),  # published | failed | rolled_back | release (v2)
+        # published | failed | rolled_back | release (v2) | unload (v3) | evaluate (v4)
+        pa.field("status", pa.string(), nullable=False),
         pa.field("timestamp", _ts, nullable=False),
         pa.field("error", pa.string()),
         # v2, set on release commands: the id acks answer to, where the files are and the hash that pins them,
@@ -356,6 +360,11 @@ MODEL_RELEASE_EVENT = _versioned(
         pa.field("artifact_uri", pa.string()),
         pa.field("manifest_sha256", pa.string()),
         pa.field("targets", pa.list_(pa.string())),
+        # v4, set on evaluate commands: the held-out tasks, inline (trainer.canary caps their size)
+        pa.field(
+            "eval_tasks",
+            pa.list_(pa.struct([pa.field("prompt", pa.string(), False), pa.field("answer", pa.string(), False)])),
+        ),
     ],
 )
 
@@ -374,7 +383,18 @@ _release_ack_fields = [
     pa.field("seconds", pa.float64(), nullable=False),  # handling time on the replica
     pa.field("timestamp", _ts, nullable=False),
 ]
-MODEL_RELEASE_ACK = _versioned("model_release_ack", 1, _release_ack_fields)
+# v2: an answer to an evaluate command carries the scores (fractions of tasks answered) and how many tasks;
+# null on every other ack and in v1 records. served_versions keeps release acks, without these.
+MODEL_RELEASE_ACK = _versioned(
+    "model_release_ack",
+    2,
+    [
+        *_release_ack_fields,
+        pa.field("eval_candidate", pa.float64()),
+        pa.field("eval_serving", pa.float64()),
+        pa.field("eval_task_count", pa.int32()),
+    ],
+)
 
 # Every release ack a publisher read (trainer.served): the latest row per (replica, served_name) is what
 # that replica serves now.
