@@ -1,18 +1,23 @@
 """The optional evaluation gate of a publish: held-out tasks, and how a served model scores on them.
 
-The publisher loads a candidate adapter under a temporary name and scores it next to the serving
-version; a candidate that scores lower is ``rejected`` and serving is left alone.
+A candidate adapter is loaded under a temporary name (``candidate_name``) and scored next to what is
+served (``compare``); a candidate that scores lower (``worse``) is ``rejected`` and serving is left
+alone. The publisher runs the comparison on its own vLLM; with replicas, the canary replica's loader
+runs the same comparison on its vLLM (trainer.canary), so both paths score the same way.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import PublishError
 from trainer.vllm_client import VllmClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,3 +62,38 @@ def score(client: VllmClient, model: str, tasks: Sequence[EvalTask], *, max_toke
         return 0.0
     hits = sum(t.answer in client.complete(model, t.prompt, max_tokens=max_tokens) for t in tasks)
     return hits / len(tasks)
+
+
+def candidate_name(served_name: str, version: str) -> str:
+    """The temporary name a candidate is scored under: beside the served name, never in its place."""
+    return f"{served_name}-candidate-{version}"
+
+
+def worse(scores: dict[str, float]) -> bool:
+    """Whether the candidate scored below what serves (a tie publishes)."""
+    return scores["candidate"] < scores["serving"]
+
+
+def base_name(client: VllmClient) -> str:
+    """The name vLLM serves its base model under: the baseline when no adapter serves yet."""
+    bases = [m["id"] for m in client.models() if not m.get("parent")]
+    if not bases:
+        raise PublishError("vLLM lists no base model to evaluate against")
+    return str(bases[0])
+
+
+def compare(
+    client: VllmClient, *, candidate: str, folder: str, baseline: str | None, tasks: Sequence[EvalTask]
+) -> dict[str, float]:
+    """Load ``folder`` as ``candidate``, score it and ``baseline`` (None: the base model) on ``tasks``.
+
+    The candidate is unloaded again whatever happens, so the served names are what they were before."""
+    baseline = baseline or base_name(client)
+    client.load_lora(candidate, folder, inplace=True)
+    try:
+        return {"candidate": score(client, candidate, tasks), "serving": score(client, baseline, tasks)}
+    finally:
+        try:
+            client.unload_lora(candidate)
+        except PublishError as exc:
+            log.warning("could not unload evaluation adapter %s: %s", candidate, exc)

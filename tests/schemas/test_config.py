@@ -100,8 +100,17 @@ def test_missing_reward_is_drop_or_a_finite_number() -> None:
             CreditSettings(missing_reward=bad)
 
 
-def test_the_eval_gate_and_the_release_bus_are_refused_together() -> None:
-    """The gate cannot score through the bus: the pair is refused when settings load, not after a round trained."""
-    with pytest.raises(ConfigError, match="eval gate does not run through the release bus"):
-        load_settings(environ={}, overrides={"serving": {"replicas": ["a"]}, "trainer": {"eval_tasks": "x.jsonl"}})
-    assert load_settings(environ={}, overrides={"serving": {"replicas": ["a"]}}).serving.replicas == ["a"]
+def test_the_eval_gate_runs_on_a_canary_that_is_one_of_the_replicas() -> None:
+    """The gate goes through the bus (trainer.canary): eval tasks and replicas load together; the canary is the
+    first replica unless named, and a named one must be a replica, refused when settings load."""
+    both = load_settings(
+        environ={}, overrides={"serving": {"replicas": ["a", "b"]}, "trainer": {"eval_tasks": "x.jsonl"}}
+    )
+    assert both.serving.canary_replica() == "a" and both.trainer.eval_tasks == Path("x.jsonl")
+    named = load_settings(environ={}, overrides={"serving": {"replicas": ["a", "b"], "canary": "b"}})
+    assert named.serving.canary_replica() == "b"
+    assert load_settings(environ={}).serving.canary_replica() == ""  # no replicas: the gate scores on vllm.url
+    with pytest.raises(ConfigError, match=r"serving.canary 'c' is not one of serving.replicas \['a', 'b'\]"):
+        load_settings(environ={}, overrides={"serving": {"replicas": ["a", "b"], "canary": "c"}})
+    with pytest.raises(ConfigError, match=r"serving.canary 'a' is not one of serving.replicas \[\]"):
+        load_settings(environ={}, overrides={"serving": {"canary": "a"}})
