@@ -161,8 +161,8 @@ class TokenizerResource(ConfigurableResource):
 class TrainerResource(ConfigurableResource):
     """Training rounds and publishing: the settings they read, taken once when the code location loads.
 
-    The sections the trainer and the publisher read (``trainer``, ``model``, ``vllm``, ``gateway`` and
-    the state folder) are fields; the lake and Kafka are the resources above; the gateway's admin token
+    The sections the trainer and the publisher read (``trainer``, ``model``, ``vllm``, ``gateway``, ``serving``
+    and the state folder) are fields; the lake and Kafka are the resources above; the gateway's admin token
     is an ``EnvVar``. ``min_new_transitions`` overrides ``trainer.min_new_transitions``.
     """
 
@@ -172,6 +172,7 @@ class TrainerResource(ConfigurableResource):
     model: dict[str, Any] = {}
     vllm: dict[str, Any] = {}
     gateway: dict[str, Any] = {}
+    serving: dict[str, Any] = {}  # replicas: publish through the release bus (the eval gate on the canary)
     state_dir: str = ".agentlake"
     gateway_admin_token: str = ""
     publish: bool = True
@@ -196,6 +197,7 @@ class TrainerResource(ConfigurableResource):
                 "model": self.model,
                 "vllm": self.vllm,
                 "gateway": {**self.gateway, "admin_token": _resolved(self.gateway_admin_token)},
+                "serving": self.serving,
             }
         )
 
@@ -238,6 +240,7 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             model=s.model.model_dump(mode="json", exclude_none=True),
             vllm=s.vllm.model_dump(mode="json", exclude_none=True),
             gateway=s.gateway.model_dump(mode="json", exclude={"admin_token"}, exclude_none=True),
+            serving=s.serving.model_dump(mode="json", exclude_none=True),
             state_dir=str(s.state.dir),
             gateway_admin_token=secret_env("gateway", "admin_token", admin) if admin else "",
         ),

@@ -86,6 +86,8 @@ def evaluate(
     try:
         if not tasks:
             raise PublishError(f"the evaluate command for {event['version']} carries no eval task")
+        if event.get("kind") != "lora":
+            raise PublishError(f"{event['version']} is a {event.get('kind')} version; a canary evaluates LoRA adapters")
         folder = fetch(event)
         baseline = name if client.adapter_root(name) is not None else None  # None: the base model
         candidate = candidate_name(name, str(event["version"]))

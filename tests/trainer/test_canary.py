@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from schemas.lake import Lake
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
 from trainer.artifacts import store_version
-from trainer.canary import EVALUATE, MAX_TASKS_BYTES, ask_canary, evaluate_command, evaluates_here
+from trainer.canary import EVALUATE, MAX_TASKS_BYTES, ask_canary, evaluate, evaluate_command, evaluates_here
 from trainer.errors import PublishError
 from trainer.eval_gate import EvalTask, candidate_name, worse
 from trainer.loader import Loader, Served, build_ack, latest_releases, targets_me
@@ -34,6 +34,7 @@ from trainer.registry import Registry
 from trainer.release_bus import release
 from trainer.releases import encode, release_command, send_release_event
 from trainer.served import served_now
+from trainer.vllm_client import VllmClient
 
 TASKS = [EvalTask("2+2=", "4"), EvalTask('Say "hi":', "hi")]
 
@@ -241,3 +242,21 @@ def test_a_loader_starting_late_does_not_answer_an_old_evaluate_command(
             time.sleep(0.2)
         time.sleep(2)  # room for a wrong second ack
     assert [a["release_id"] for a in acks] == [release["release_id"]]
+
+
+def test_the_canary_refuses_a_command_it_cannot_score_before_fetching_anything() -> None:
+    dead = VllmClient(f"http://127.0.0.1:{free_port()}", timeout_s=5)
+
+    def fetch(event: Mapping[str, Any]) -> str:
+        raise AssertionError("nothing is fetched for a command that cannot be scored")
+
+    try:
+        cmd = evaluate_command(_row(), served_name="p", tasks=TASKS, canary="r1")
+        assert evaluate(dead, {**cmd, "eval_tasks": None}, fetch) == (
+            "the evaluate command for v0002 carries no eval task",
+            {},
+        )
+        error, scores = evaluate(dead, {**cmd, "kind": "full"}, fetch)
+        assert error == "v0002 is a full version; a canary evaluates LoRA adapters" and scores == {}
+    finally:
+        dead.close()
