@@ -10,7 +10,8 @@ errors), restart vLLM on the new folder through the ``restart`` callable the cal
 passes one that stops and starts the local vLLM), wait for health, resume the gateway.
 
 Optional evaluation gate: the candidate is loaded under a temporary name and scored next to the
-serving version on held-out tasks; it is published only if it is not worse, else ``rejected``.
+serving version on held-out tasks; it is published only if it is not worse, else ``rejected``. With
+replicas the canary replica scores it (trainer.canary) before anything is released.
 
 vLLM loads a local folder: each version's comes from ``trainer.artifacts.local_copy`` (the
 trainer's own copy, or a download from the lake's object store into ``cache_dir``, verified against
@@ -25,8 +26,19 @@ Replicas (``serving.replicas``): the release bus. ``publish`` and ``rollback`` s
 on the models topic and wait for an ack from every replica's loader (trainer.release_bus, trainer.loader);
 the version is ``published`` only if every replica acked ok and serves its manifest hash. Otherwise it is
 ``failed`` with each replica's error, and a command for the version that was serving brings every
-replica back to it. Each ack read is kept in ``served_versions`` (trainer.served). The trainer then
-touches no vLLM itself, and the folders move through the lake's object store.
+replica back to it; when nothing of the line served before, an ``unload`` command makes the replicas
+that took it drop it. Each ack read is kept in ``served_versions`` (trainer.served). The trainer then
+touches no vLLM itself, and the folders move through the lake's object store. With eval tasks, an
+``evaluate`` command goes to the canary first (``serving.canary``); a canary that fails or stays silent
+makes the version ``failed``, a worse score ``rejected``, and neither releases anything.
+
+A full-weight version restarts each replica's vLLM (its loader's ``serving.restart_command``, behind its
+gateway's pause), so it is rolled out replica by replica, never all at once: one command per replica
+(``targets`` naming it), the next only after that replica acked ok (``release_bus.release_serially``).
+The first replica where it did not hold ends the rollout: it kept or restored its weights, the replicas
+already moved go back to the serving version one at a time (or, on a first publish, unload it), the
+replicas after it are named as not sent, and the version is ``failed``. Rollback to a full-weight
+version takes the same path.
 
 Policy lines (``trainer.lines``): a version of an agent's line (``model_versions.agent``) is loaded
 under that line's name (``agentlake-policy-planner``), compared with, restored to and rolled back to
@@ -49,12 +61,13 @@ from typing import Any
 from schemas.config import KafkaSettings, Settings, policy_served_name
 from schemas.lake import Lake
 from trainer.artifacts import local_copy
+from trainer.canary import ask_canary
 from trainer.errors import ArtifactError, PublishError, RegistryError
-from trainer.eval_gate import EvalTask, score
+from trainer.eval_gate import EvalTask, candidate_name, compare, worse
 from trainer.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
 from trainer.registry import Registry
-from trainer.release_bus import ReleaseOutcome, release
-from trainer.releases import release_command, release_event, send_release_event
+from trainer.release_bus import ReleaseOutcome, release, release_serially
+from trainer.releases import release_command, release_event, send_release_event, unload_command
 from trainer.served import record_acks
 from trainer.vllm_client import VllmClient
 
@@ -93,6 +106,7 @@ class Publisher:
     api_key: str = ""  # vLLM's --api-key, sent as a bearer token
     replicas: Sequence[str] = ()  # non-empty: publish through the release bus to these loaders
     ack_timeout_s: float = 120.0
+    canary: str = ""  # the replica that scores candidates on eval_tasks (empty: replicas[0]; trainer.canary)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
@@ -110,6 +124,7 @@ class Publisher:
             api_key=settings.vllm.api_key(),
             replicas=tuple(settings.serving.replicas),
             ack_timeout_s=settings.serving.ack_timeout_s,
+            canary=settings.serving.canary_replica(),
             **kwargs,
         )
 
@@ -133,7 +148,7 @@ class Publisher:
                 self._check_adapter(client, folder, name)
                 if self.eval_tasks:
                     scores = self._evaluate(client, row, folder, serving)
-                    if scores["candidate"] < scores["serving"]:
+                    if worse(scores):
                         return self._finish(row, "rejected", t0, serving, scores, error="worse than serving")
                 client.load_lora(name, folder, inplace=True)
             else:
@@ -196,21 +211,23 @@ class Publisher:
         return PublishResult(to_version, "rolled_back", time.perf_counter() - t0, current["version"], event_error=err)
 
     # -- the release bus -------------------------------------------------------------------------
-    def _release(self, row: dict[str, Any]) -> ReleaseOutcome:
-        """Send a release command for ``row`` to every replica and keep the acks in ``served_versions``."""
+    def _release(self, row: dict[str, Any], *, to: Sequence[str] | None = None, unload: bool = False) -> ReleaseOutcome:
+        """Send ``row`` to the replicas (``to``, default all) and keep the acks in ``served_versions``: a LoRA
+        adapter to all at once, full weights one replica at a time (each restarts its vLLM), stopping at the
+        first failure. ``unload``: the command drops what the replicas serve under the row's name instead."""
         if self.kafka is None:
             raise PublishError("serving.replicas is set but no Kafka is configured: the release bus runs on Kafka")
-        if row["kind"] != "lora":
-            raise PublishError(
-                f"{row['version']} is a full-weight version; the release bus hot-loads LoRA adapters only "
-                "(restart each replica on the new weights, or train with trainer.finetune = 'lora')"
-            )
-        if self.eval_tasks:
-            raise PublishError("the evaluation gate is not run through the release bus yet; leave eval tasks unset")
-        if not row.get("artifact_uri") or not row.get("manifest_sha256"):
+        if not unload and (not row.get("artifact_uri") or not row.get("manifest_sha256")):
             raise PublishError(f"{row['version']} has no stored artifact for replicas to fetch; train a new version")
-        command = release_command(row, served_name=self.name_of(row))
-        outcome = release(self.kafka, command, self.replicas, timeout_s=self.ack_timeout_s)
+        replicas = list(self.replicas if to is None else to)
+        make = unload_command if unload else release_command
+        if row["kind"] == "full":
+            commands = [make(row, served_name=self.name_of(row), targets=[r]) for r in replicas]
+            outcome = release_serially(self.kafka, commands, timeout_s=self.ack_timeout_s)
+        else:
+            targets = [] if to is None else replicas
+            command = make(row, served_name=self.name_of(row), targets=targets)
+            outcome = release(self.kafka, command, replicas, timeout_s=self.ack_timeout_s)
         try:
             record_acks(self.registry.lake, outcome.acks.values())
         except Exception as exc:  # the record is a view of the acks; serving is what it is
@@ -219,14 +236,27 @@ class Publisher:
 
     def _publish_bus(self, row: dict[str, Any], serving: dict[str, Any] | None) -> PublishResult:
         t0 = time.perf_counter()
+        scores: dict[str, float] = {}
+        if self.eval_tasks:  # the gate, on the canary replica: nothing is released before it scored
+            canary = self.canary or self.replicas[0]
+            name, tasks = self.name_of(row), self.eval_tasks
+            verdict = ask_canary(
+                self.kafka, row, served_name=name, tasks=tasks, canary=canary, timeout_s=self.ack_timeout_s
+            )
+            scores = verdict.scores
+            if verdict.error:
+                self._finish(row, "failed", t0, serving, scores, error=verdict.error)
+                raise PublishError(f"{row['version']} was not published: {verdict.error}")
+            if worse(scores):
+                return self._finish(row, "rejected", t0, serving, scores, error=f"worse than serving on {canary}")
         outcome, error = self._try_release(row)
         if outcome is not None and not error:
-            result = self._finish(row, "published", t0, serving, {})
+            result = self._finish(row, "published", t0, serving, scores)
             result.acks, result.bus_seconds = outcome.acks, outcome.seconds
             return result
-        if outcome is not None and serving is not None and serving["version"] != row["version"]:
-            self._bus_restore(serving)  # a command went out: replicas that took it go back
-        self._finish(row, "failed", t0, serving, {}, error=error)
+        if outcome is not None and (serving is None or serving["version"] != row["version"]):
+            self._bus_restore(row, serving, outcome)  # a command went out: replicas that took it go back
+        self._finish(row, "failed", t0, serving, scores, error=error)
         raise PublishError(f"{row['version']} was not published: {error}")
 
     def _try_release(self, row: dict[str, Any]) -> tuple[ReleaseOutcome | None, str]:
@@ -237,20 +267,38 @@ class Publisher:
             return None, str(exc)
         return outcome, outcome.summary()
 
-    def _bus_restore(self, serving: dict[str, Any]) -> None:
-        """Bring every replica back to the serving version (those that kept it answer at once)."""
-        try:
-            if back := self._release(serving).summary():
-                log.warning("replicas not back on %s: %s", serving["version"], back)
-        except PublishError as exc:
-            log.warning("could not send replicas back to %s: %s", serving["version"], exc)
+    def _bus_restore(self, failed: dict[str, Any], serving: dict[str, Any] | None, outcome: ReleaseOutcome) -> None:
+        """After ``failed`` did not hold, bring the replicas back to ``serving`` (None: the line's first
+        publish, so they unload it). A LoRA release went to every replica, and every replica gets the
+        serving version again (those that kept it answer at once); a full-weight rollout touched only the
+        replicas it reached, so only those go back, one at a time. Between kinds, a replica first drops
+        what it took (an unload: back to the base model, or no adapter), then gets the serving version."""
+        if failed["kind"] == "full":
+            touched = [r for r in self.replicas if r in outcome.acks or r in outcome.silent]
+        else:
+            touched = list(self.replicas)
+        if not touched:
+            return  # no replica got the command: nothing moved
+        steps: list[tuple[dict[str, Any], bool]] = []
+        if serving is None or serving["kind"] != failed["kind"]:
+            steps.append((failed, True))  # drop the failed kind first: another kind does not replace it
+        if serving is not None:
+            steps.append((serving, False))
+        for row, unload in steps:
+            what = "unload" if unload else row["version"]
+            try:
+                to = None if failed["kind"] != "full" and row["kind"] != "full" else touched
+                if back := self._release(row, to=to, unload=unload).summary():
+                    log.warning("replicas not back (%s): %s", what, back)
+            except PublishError as exc:
+                log.warning("could not send replicas back (%s): %s", what, exc)
 
     def _rollback_bus(self, current: dict[str, Any], target: dict[str, Any]) -> PublishResult:
         t0 = time.perf_counter()
         outcome, error = self._try_release(target)
         if outcome is None or error:
             if outcome is not None:
-                self._bus_restore(current)
+                self._bus_restore(target, current, outcome)
             self.registry.set_status(current["version"], "published", error=f"rollback failed: {error}")
             raise PublishError(f"rollback to {target['version']} failed: {error}")
         result = self._rolled_back(current, target["version"], t0)
@@ -283,26 +331,9 @@ class Publisher:
     def _evaluate(
         self, client: VllmClient, row: dict[str, Any], folder: str, serving: dict[str, Any] | None
     ) -> dict[str, float]:
-        candidate = f"{self.name_of(row)}-candidate-{row['version']}"
-        baseline = self.name_of(row) if serving is not None else self._base_name(client)
-        client.load_lora(candidate, folder, inplace=True)
-        try:
-            return {
-                "candidate": score(client, candidate, self.eval_tasks),
-                "serving": score(client, baseline, self.eval_tasks),
-            }
-        finally:
-            try:
-                client.unload_lora(candidate)
-            except PublishError as exc:
-                log.warning("could not unload evaluation adapter %s: %s", candidate, exc)
-
-    @staticmethod
-    def _base_name(client: VllmClient) -> str:
-        bases = [m["id"] for m in client.models() if not m.get("parent")]
-        if not bases:
-            raise PublishError("vLLM lists no base model to evaluate against")
-        return str(bases[0])
+        candidate = candidate_name(self.name_of(row), row["version"])
+        baseline = self.name_of(row) if serving is not None else None  # None: the base model
+        return compare(client, candidate=candidate, folder=folder, baseline=baseline, tasks=self.eval_tasks)
 
     def _publish_full(self, client: VllmClient, folder: str) -> None:
         if self.restart is None:

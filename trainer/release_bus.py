@@ -17,6 +17,7 @@ after it are named as not sent.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import time
@@ -92,6 +93,7 @@ def release_serially(kafka: KafkaSettings, commands: Sequence[dict[str, Any]], *
     skipped: dict[str, str] = {}
     for i, command in enumerate(commands):
         (replica,) = command["targets"]
+        command = {**command, "timestamp": dt.datetime.now(dt.UTC)}  # when it went: after the previous ack
         try:
             step = release(kafka, command, [replica], timeout_s=timeout_s)
         except PublishError as exc:

@@ -19,23 +19,44 @@ from schemas.config import Settings
 def loader(
     replica: str | None = typer.Option(None, "--replica", help="Its name in acks (default: serving.replica)."),
     vllm_url: str | None = typer.Option(None, "--vllm-url", help="The vLLM beside it (default: serving.vllm_url)."),
+    restart_command: str | None = typer.Option(
+        None,
+        "--restart-command",
+        help="Full-weight versions: a shell-quoted command with {folder} that restarts this vLLM on that folder "
+        "and returns once it runs (default: serving.restart_command; none: full-weight versions are refused).",
+    ),
+    gateway_url: str | None = typer.Option(
+        None, "--gateway-url", help="The gateway in front of this vLLM, paused around a restart (serving.gateway_url)."
+    ),
     config: str | None = ConfigOption,
 ) -> None:
-    """Serve what the release bus asks: load released adapters into this replica's vLLM and ack each."""
+    """Serve what the release bus asks: load released adapters (or restart on full weights) and ack each."""
+    import shlex
+
     from trainer.loader import Loader
 
     settings = settings_or_exit(config)
-    worker = Loader.from_settings(settings, replica=replica, vllm_url=vllm_url)
+    argv = shlex.split(restart_command) if restart_command else None
+    worker = Loader.from_settings(
+        settings, replica=replica, vllm_url=vllm_url, restart_command=argv, gateway_url=gateway_url
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     def show(ack: dict[str, Any]) -> None:
-        if ack["ok"]:
+        if ack.get("eval_candidate") is not None:  # an evaluate command (the canary): scored, nothing served changed
+            console.print(
+                f"[cyan]{ack['version']} scored[/] {ack['eval_candidate']:.3f} vs {ack['serving_version'] or 'base'} "
+                f"{ack['eval_serving']:.3f} on {ack['eval_task_count']} tasks in {ack['seconds']:.2f}s"
+            )
+        elif ack["ok"]:
             console.print(f"[green]{ack['served_name']} = {ack['version']}[/] in {ack['seconds']:.2f}s")
         else:
             console.print(f"[red]{ack['version']} refused:[/] {ack['error']} (serving {ack['serving_version']})")
 
     console.print(f"loader {worker.replica}: vLLM {worker.vllm_url}, topic {settings.kafka.models_topic}")
+    if worker.restart is None:
+        console.print("  no restart command: full-weight versions will be refused (serving.restart_command)")
     try:
         worker.run(stop, on_ack=show)
     except KeyboardInterrupt:

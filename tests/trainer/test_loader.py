@@ -8,6 +8,7 @@ real refused connection, not a mock. The loaders against real vLLM servers are i
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from trainer.loader import Loader, Served, build_ack, latest_releases, targets_m
 from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.release_bus import release
-from trainer.releases import release_command, release_event, send_release_event
+from trainer.releases import release_command, release_event, send_release_event, unload_command
 from trainer.served import record_acks, served_now
 
 
@@ -151,8 +152,15 @@ def test_publish_through_the_bus_records_every_replicas_error(
     row = reg.get("v0001")
     assert row["publish_status"] == "failed"
     assert "replica r1:" in row["publish_error"] and "replica r2: no ack within 6s" in row["publish_error"]
-    (now,) = served_now(reg.lake)  # r1's ack was recorded; r2 said nothing
+    (now,) = served_now(reg.lake)  # r1's acks were recorded; r2 said nothing
     assert (now["replica"], now["version"], now["ok"], now["serving_version"]) == ("r1", "v0001", False, None)
+    # nothing of the line served before: the replicas that took v0001 must drop it, so an unload follows
+    assert [(c["status"], c["version"], c["targets"]) for c in _commands(settings)] == [
+        ("release", "v0001", []),
+        ("unload", "v0001", []),
+    ]
+    assert [a["version"] for a in running] == ["v0001", "v0001"]
+    assert running[0]["release_id"] != running[1]["release_id"]
 
 
 def test_served_now_is_the_latest_ack_per_replica_and_name(tmp_path: Path) -> None:
@@ -190,3 +198,143 @@ def test_the_cli_shows_what_each_replica_serves_and_a_loader_needs_a_name(tmp_pa
     assert shown.exit_code == 0 and "gpu-a" in shown.output and "v0002" in shown.output and "f" * 12 in shown.output
     nameless = runner.invoke(app, ["loader", "--config", str(config)])
     assert nameless.exit_code == 1 and "--replica" in nameless.output
+
+
+# --- full weights, one replica at a time; unload -------------------------------------------------------------
+
+
+def _full_version(tmp_path: Path, reg: Registry, version: str = "v0001") -> dict[str, Any]:
+    """A small full-weight version folder (config + weights file + manifest) stored in a local lake and registered."""
+    folder = tmp_path / "lake" / "models" / version
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"\0" * 64)
+    stored = store_version(folder, lake_root=str(tmp_path / "lake"), version=version)
+    return reg.add(
+        version=version,
+        version_number=int(version[1:]),
+        base_model="base",
+        kind="full",
+        path=str(folder),
+        artifact_uri=stored.uri,
+        manifest_sha256=stored.manifest_sha256,
+    )
+
+
+def _commands(settings: Settings) -> list[dict[str, Any]]:
+    """Every command on the models topic, in log order (one served name: one partition)."""
+    from kafka import KafkaConsumer
+
+    loader = _loader(settings, "reader", Path("/nonexistent"))
+    consumer = KafkaConsumer(**settings.kafka.client_config(role="consumer"), enable_auto_commit=False)
+    try:
+        loader._assign(consumer, threading.Event())
+        return [e for e in loader._catch_up(consumer) if e["status"] in ("release", "unload")]
+    finally:
+        consumer.close()
+
+
+def test_an_unload_is_the_latest_command_for_its_name_and_full_weights_come_first() -> None:
+    full = release_command({**_row("v2"), "kind": "full"}, served_name="p")
+    events = [
+        release_command(_row("v1"), served_name="p-planner"),
+        release_command(_row("v1"), served_name="p"),
+        unload_command(_row("v1"), served_name="p"),  # the first publish of "p" failed: nothing to load
+    ]
+    latest = latest_releases(events, "r1")
+    assert {n: (e["status"], e["version"]) for n, e in latest.items()} == {
+        "p-planner": ("release", "v1"),
+        "p": ("unload", "v1"),
+    }
+    assert targets_me(unload_command(_row("v1"), served_name="p", targets=["r1"]), "r1")
+    assert not targets_me(unload_command(_row("v1"), served_name="p", targets=["r2"]), "r1")
+    # a restart drops every adapter, so the full-weight command is applied before the adapters
+    assert list(latest_releases([*events, full], "r1")) == ["p", "p-planner"]
+
+
+@pytest.mark.kafka
+def test_a_full_version_goes_one_replica_at_a_time_and_stops_at_the_first_failure(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """r1 has no restart command: it refuses the version naming the setting, r2 never gets a command, and
+    r1 (the only replica that got one) is sent an unload, since nothing of the line served before."""
+    reg = Registry(Lake(str(tmp_path / "lake")))
+    row = _full_version(tmp_path, reg)
+    acks: dict[str, list[dict[str, Any]]] = {"r1": [], "r2": []}
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=_loader(settings, r, tmp_path).run, args=(stop,), kwargs={"on_ack": acks[r].append})
+        for r in acks
+    ]
+    for t in threads:
+        t.start()
+    try:
+        pub = Publisher(
+            registry=reg, vllm_url="", served_name="p", kafka=settings.kafka, replicas=("r1", "r2"), ack_timeout_s=20
+        )
+        with pytest.raises(PublishError, match="v0001 was not published: replica r1: .*serving.restart_command"):
+            pub.publish("v0001")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    error = reg.get("v0001")["publish_error"]
+    assert reg.get("v0001")["publish_status"] == "failed"
+    assert "replica r2: not sent: the rollout stopped at replica r1" in error, error
+    assert [(c["status"], c["version"], c["kind"], c["targets"]) for c in _commands(settings)] == [
+        ("release", "v0001", "full", ["r1"]),
+        ("unload", "v0001", "full", ["r1"]),
+    ]
+    (refused, unloaded) = acks["r1"]
+    assert not refused["ok"] and "has no restart command: set serving.restart_command" in refused["error"]
+    assert unloaded["release_id"] != refused["release_id"] and unloaded["serving_version"] is None
+    assert acks["r2"] == [] and row["manifest_sha256"] == refused["manifest_sha256"]
+
+
+@pytest.mark.kafka
+def test_a_failing_restart_command_is_acked_with_its_error_and_the_gateway_paused_around_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A real restart command that exits 3 after reading the gateway's state: the gateway was paused while
+    it ran and is resumed after; the ack names the command's exit and its stderr."""
+    import sys
+
+    import httpx
+
+    from collectors.gateway.serve import GatewayServer
+    from tests.collectors.helpers import LoopThread, wait_until
+    from trainer.restart import command_restart
+
+    reg = Registry(Lake(str(tmp_path / "lake")))
+    row = _full_version(tmp_path, reg)
+    settings.gateway.port = 0
+    settings.gateway.admin_token = "adm-secret"
+    settings.gateway.upstreams = [f"http://127.0.0.1:{free_port()}"]
+    lt = LoopThread()
+    server = GatewayServer(settings)
+    lt.run(server.start())
+    seen = tmp_path / "seen.json"
+    script = (
+        "import httpx, json, sys; "
+        "state = httpx.get(sys.argv[1] + '/admin/state', headers={'Authorization': 'Bearer adm-secret'}).json(); "
+        "open(sys.argv[2], 'w').write(json.dumps({'paused': state['paused'], 'folder': sys.argv[3]})); "
+        "sys.stderr.write('no GPU free for the new weights'); sys.exit(3)"
+    )
+    try:
+        wait_until(lambda: server.sink.connected, 20, "the gateway's Kafka producer")  # type: ignore[attr-defined]
+        gateway = f"http://127.0.0.1:{server.port}"
+        loader = _loader(settings, "r1", tmp_path)
+        loader.restart = command_restart([sys.executable, "-c", script, gateway, str(seen), "{folder}"])
+        loader.gateway_url, loader.gateway_headers = gateway, settings.gateway.admin_headers()
+        ack = loader.handle(release_command(row, served_name="p", targets=["r1"]))
+        assert not server.gateway.paused  # resumed after the failure
+        state = httpx.get(f"{gateway}/admin/state", headers=settings.gateway.admin_headers()).json()
+        assert state["paused"] is False
+    finally:
+        lt.run(server.stop(), timeout=60)
+        lt.close()
+    assert not ack["ok"] and "exited 3: no GPU free for the new weights" in ack["error"], ack
+    assert ack["serving_version"] is None  # its vLLM does not answer: what it serves is unknown
+    ran = json.loads(seen.read_text())
+    assert ran["paused"] is True  # the command ran while the gateway answered 429
+    assert ran["folder"] == str(tmp_path / "lake" / "models" / "v0001")  # the verified folder (a local lake's own)
