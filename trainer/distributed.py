@@ -4,8 +4,9 @@
       -> python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.distributed <run dir>
          every rank: a process group (gloo on CPU; NCCL with one GPU per rank, cuda:LOCAL_RANK)
            -> trainer.lines.train_lines: for each round, rank 0 reads the lake and decides (trainer.round),
-              every rank trains its shard of each global batch (trainer.train, DDP), rank 0 saves,
-              stores, registers and writes the lineage, then writes the round results for launch()
+              every rank trains its shard of each global batch (trainer.train: DDP, or FSDP with
+              trainer.parallel = "fsdp"), rank 0 saves, stores, registers and writes the lineage, then
+              writes the round results for launch()
       <- launch() returns those results (publishing stays the caller's, as with one process), or raises
          the failed rank's error
 
@@ -19,6 +20,10 @@ folder, which the other ranks then load from the same disk (``--standalone``: on
 A rank that fails writes its error to ``error-<rank>.json`` in the run folder and exits non-zero;
 torchrun then stops the other ranks, and ``launch`` raises ``TrainerError`` with the earliest error.
 Collectives time out after ``trainer.ranks.TIMEOUT``, so a rank that hangs without exiting ends the job too.
+
+``trainer.parallel`` (``agentlake train --parallel``) picks how the ranks hold the model: "ddp", a full
+replica each, or "fsdp", 1/N of the weights, gradients and AdamW state each (FSDP2, for a model whose
+training state does not fit one device); the losses and the saved checkpoint are the same either way.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from trainer.errors import TrainerError
 
 if TYPE_CHECKING:
     from schemas.config import Settings
+    from trainer.ranks import Parallel
     from trainer.round import RoundResult
 
 
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         request = json.loads((run / REQUEST).read_text())
         settings = Settings.model_validate(request["settings"])
         overrides: dict[str, Any] = request["overrides"]
-        with process_group(pick_device(overrides.get("device", "auto")).type):
+        with process_group(pick_device(overrides.get("device", "auto")).type, settings.trainer.parallel):
             if os.environ.get(FAIL_HOOK) == str(rank):  # tests only: a rank that fails while its peers wait
                 raise TrainerError(f"injected failure on rank {rank} ({FAIL_HOOK})")
             results = train_lines(settings, force=request["force"], **overrides)
@@ -128,13 +134,17 @@ def train_rounds(
     settings: Settings,
     *,
     nproc: int | None = None,
+    parallel: Parallel | None = None,
     force: bool = False,
     overrides: dict[str, Any] | None = None,
     echo: Callable[[str], object] = print,
 ) -> list[RoundResult]:
     """The rounds of ``train_lines``, in this process or, with ``nproc`` (default ``trainer.nproc``) > 1,
-    as a data-parallel job (``launch``): the one choice the CLI and the `policy` asset both make."""
+    as a data-parallel job (``launch``): the one choice the CLI and the `policy` asset both make.
+    ``parallel`` (default ``trainer.parallel``): "ddp" or "fsdp"; one process is neither."""
     nproc = nproc or settings.trainer.nproc
+    if parallel is not None:
+        settings = settings.model_copy(update={"trainer": settings.trainer.model_copy(update={"parallel": parallel})})
     if nproc > 1:
         return launch(settings, nproc=nproc, force=force, overrides=overrides, echo=echo)
     from trainer.lines import train_lines

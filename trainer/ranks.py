@@ -1,7 +1,8 @@
 """What a rank of a data-parallel job asks: its rank, rank 0's objects, sums over the ranks, its process group.
 
 Without a process group (one process) every helper is the identity: no communication at all. The
-job itself, launching it and each rank's entry point, is ``trainer.distributed``.
+job itself, launching it and each rank's entry point, is ``trainer.distributed``. The job's strategy
+(``trainer.parallel``: "ddp" or "fsdp") is fixed with its process group and read by ``trainer.train``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,9 @@ import torch.distributed as dist
 TIMEOUT = timedelta(minutes=10)  # a collective waiting longer than this fails the job (the peers are gone)
 
 T = TypeVar("T")
+Parallel = Literal["ddp", "fsdp"]
+
+_parallel: Parallel = "ddp"  # this job's strategy; set by process_group
 
 
 def world() -> tuple[int, int]:
@@ -30,6 +34,11 @@ def world() -> tuple[int, int]:
 def is_main() -> bool:
     """Whether this process reads and writes the lake, the registry and the artifacts, and logs."""
     return world()[0] == 0
+
+
+def parallel() -> Parallel | None:
+    """How the ranks split the model: "ddp" (every rank a full replica) or "fsdp" (sharded); None in one process."""
+    return _parallel if world()[1] > 1 else None
 
 
 def local_rank() -> int:
@@ -53,10 +62,15 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 @contextmanager
-def process_group(device_type: str) -> Iterator[None]:
+def process_group(device_type: str, strategy: Parallel = "ddp") -> Iterator[None]:
     """The process group of a torchrun rank (``WORLD_SIZE`` > 1): NCCL on CUDA, one GPU per rank; gloo on CPU.
+    ``strategy``: how ``trainer.train`` splits the model over the ranks (``parallel``).
 
     Not torn down after an error: the process exits, and a teardown would wait on peers torchrun is stopping."""
+    global _parallel
+    if strategy not in ("ddp", "fsdp"):
+        raise ValueError(f'trainer.parallel: expected "ddp" or "fsdp", got {strategy!r}')
+    _parallel = strategy
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         yield
         return

@@ -6,11 +6,15 @@ peft is the default; ``finetune="full"`` trains every weight. On CUDA the forwar
 under bf16 autocast (weights and optimizer stay fp32; ``precision``); on CPU everything is fp32.
 
 Data-parallel (a torchrun job, ``trainer.distributed``): every rank draws the same micro-batches in the
-same order and trains its own shard of each, through DistributedDataParallel. A micro-batch's loss is
-a mean over its trained tokens (PPO, REINFORCE) or its sequences (GRPO); a rank scales its shard's
-mean by its share of that count, so the ranks' gradients sum to the one process's gradient over the
-same micro-batch, and the update is the same up to float error. Without a process group, the loop is
-the one-process loop: no wrapper, no communication, every share 1.
+same order and trains its own shard of each, through DistributedDataParallel (``trainer.parallel =
+"ddp"``) or FSDP2 (``"fsdp"``, ``fully_shard`` per decoder layer and on the whole model: each rank holds
+1/N of the weights, gradients and AdamW state). A micro-batch's loss is a mean over its trained tokens
+(PPO, REINFORCE) or its sequences (GRPO); a rank scales its shard's mean by its share of that count, so
+the ranks' gradients sum to the one process's gradient over the same micro-batch (both wrappers average
+over the ranks), and the update is the same up to float error. Under FSDP rank 0 keeps an unsharded copy
+in CPU memory, into which the trained weights and AdamW state are gathered at the end
+(``gather_to_rank0``), so the caller saves the same checkpoint as from one process. Without a process
+group, the loop is the one-process loop: no wrapper, no communication, every share 1.
 
 Rows sampled by another policy version than ``current_version`` (the one the round starts from)
 are stale: before the first step one no-grad pass gives their proximal logprobs, and the loss
@@ -40,7 +44,7 @@ from trainer.data import Batch, Example, collate, epoch_chunks, to_examples
 from trainer.errors import TrainerError
 from trainer.losses import LossOutput, grpo_loss, ppo_clip_loss, reinforce_loss, token_logprobs
 from trainer.offpolicy import is_on_policy, source_stats, tis_enabled
-from trainer.ranks import all_reduce_sum, local_rank, world
+from trainer.ranks import all_reduce_sum, local_rank, parallel, world
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class TrainResult:
     seconds: float = 0.0
     offpolicy: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source version (trainer.offpolicy)
     world_size: int = 1  # processes that trained it (data-parallel)
+    sharded: bool = False  # FSDP: the ranks held 1/world_size of the model each
 
     @property
     def summary(self) -> dict[str, float]:
@@ -68,6 +73,8 @@ class TrainResult:
         out.update(tokens=float(self.tokens), tokens_per_s=self.tokens / max(self.seconds, 1e-9))
         if self.world_size > 1:
             out.update(world_size=float(self.world_size))
+        if self.sharded:
+            out.update(fsdp=1.0)
         return out
 
 
@@ -177,6 +184,65 @@ def proximal_logprobs(
     model.train(was_training)
 
 
+def shard_model(model: torch.nn.Module, device: torch.device, n_ranks: int) -> int:
+    """FSDP2 in place: ``fully_shard`` on each decoder layer (the HF model's ``_no_split_modules``), then on
+    the whole model (embeddings, norm, head: tied weights stay in one group). Returns the layers sharded.
+
+    Each layer's weights are gathered just for its forward and backward, and its gradients reduce-scattered
+    (averaged over the ranks, as DDP's all-reduce): each rank keeps 1/N of weights, gradients and AdamW state."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (n_ranks,))
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
+    blocks = set(getattr(hf, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in blocks]
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return len(layers)
+
+
+def _sharded_state(optimizer: torch.optim.Optimizer) -> None:
+    """After loading a full (one-process) AdamW state into an FSDP optimizer: each moment cut to this rank's
+    shard of its parameter. Every rank read the same file, so each slices its own part without communication."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for k, v in state.items():
+                if isinstance(p, DTensor) and k != "step" and torch.is_tensor(v) and not isinstance(v, DTensor):
+                    state[k] = distribute_tensor(v, p.device_mesh, p.placements, src_data_rank=None)
+
+
+def gather_to_rank0(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, keep: torch.nn.Module | None
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The FSDP-trained weights and AdamW state, unsharded into rank 0's CPU copy ``keep`` and a plain AdamW
+    over it: what ``trainer.checkpoints.save_checkpoint`` writes from one process. Every rank must call it
+    (one all-gather per tensor, in the same order); the other ranks get their sharded model back."""
+    from torch.distributed.tensor import DTensor
+
+    def full(v: Any) -> Any:
+        return v.full_tensor().cpu() if isinstance(v, DTensor) else v
+
+    targets = dict(keep.named_parameters()) if keep is not None else {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:  # frozen ones (LoRA's base) never changed: keep has them
+                value = full(p)
+                if keep is not None:
+                    targets[name].copy_(value)
+    sd = optimizer.state_dict()  # keyed by the index of each trainable parameter, in model order
+    state = {i: {k: full(v) for k, v in s.items()} for i, s in sd["state"].items()}
+    if keep is None:
+        return model, optimizer
+    plain = torch.optim.AdamW([p for p in keep.parameters() if p.requires_grad])
+    plain.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
+    return keep, plain
+
+
 def _progress(enabled: bool) -> Progress:
     return Progress(
         TextColumn("[bold]train"),
@@ -220,6 +286,9 @@ def train(
     # --- model ------------------------------------------------------------------------------
     if model is None:
         model, tokenizer = load_policy(cfg, parent_path=parent_path)
+    fsdp = parallel() == "fsdp"
+    # FSDP: rank 0's unsharded CPU copy, which gather_to_rank0 fills with the trained weights at the end.
+    keep = copy.deepcopy(model).cpu() if fsdp and rank == 0 else None
     model.to(device)
     model.train()
     pad_id = getattr(tokenizer, "pad_token_id", None)
@@ -228,9 +297,14 @@ def train(
     ref_model = None
     if cfg.kl_coef > 0 and not hasattr(model, "disable_adapter"):
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    # Data-parallel: DDP starts every rank from rank 0's weights and averages the gradients in backward.
+    # Data-parallel: DDP starts every rank from rank 0's weights and averages the gradients in backward;
+    # FSDP shards the model in place (every rank loaded the same weights) and averages in reduce-scatter.
     ddp = model
-    if n_ranks > 1:
+    if fsdp:
+        layers = shard_model(model, device, n_ranks)
+        if rank == 0:
+            log.info("FSDP: %d decoder layers and the rest of the model sharded over %d ranks", layers, n_ranks)
+    elif n_ranks > 1:
         ids = [device.index] if device.type == "cuda" else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
@@ -249,6 +323,8 @@ def train(
         stale = [ex for ex in examples if not is_on_policy(ex.policy_version, current_version)]
         if stale:
             proximal_logprobs(model, stale, batch_size=cfg.batch_size, pad_id=pad_id, device=device, autocast=autocast)
+            if fsdp:  # FSDP keeps the root's weights gathered after a forward for the backward that would follow
+                model.reshard()  # type: ignore[operator]
             log.info(
                 "%d of %d transitions are off-policy: weighted by TIS (cap %g)", len(stale), len(examples), tis_cap
             )
@@ -265,6 +341,8 @@ def train(
         optimizer.load_state_dict(optimizer_state)
         for group in optimizer.param_groups:
             group["lr"] = cfg.learning_rate
+        if fsdp:
+            _sharded_state(optimizer)
 
     # --- loop -------------------------------------------------------------------------------
     result = TrainResult(
@@ -274,6 +352,7 @@ def train(
         n_examples=len(examples),
         offpolicy=offpolicy,
         world_size=n_ranks,
+        sharded=fsdp,
     )
     step = 0
     sums: dict[str, float] = {}
@@ -294,7 +373,9 @@ def train(
                 baseline = sum(ex.ret for ex in chunk) / len(chunk) if n_ranks > 1 else None
                 ends_step = n_micro + 1 == cfg.grad_accum or i + 1 == micro_per_epoch
                 # Gradients are averaged across ranks on the micro-batch that ends a step, not before.
-                with ddp.no_sync() if n_ranks > 1 and not ends_step else nullcontext():  # type: ignore[operator]
+                if fsdp:
+                    model.set_requires_gradient_sync(ends_step)  # type: ignore[operator]
+                with ddp.no_sync() if n_ranks > 1 and not fsdp and not ends_step else nullcontext():  # type: ignore[operator]
                     with autocast():
                         logprobs = forward_logprobs(ddp, batch)  # (B, T-1)
                         ref_logprobs = None
@@ -306,7 +387,7 @@ def train(
                                     with model.disable_adapter():  # type: ignore[operator]
                                         ref_logprobs = forward_logprobs(model, batch)
                     out = policy_loss(cfg, logprobs, batch, ref_logprobs, baseline=baseline)
-                    # DDP averages over ranks: times n_ranks, so the shares sum to the micro-batch's mean.
+                    # DDP and FSDP average over ranks: times n_ranks, so the shares sum to the micro-batch's mean.
                     (out.loss * (loss_share * n_ranks) / cfg.grad_accum).backward()
                 metrics = {k: float(v) for k, v in out.metrics.items()}
                 tokens = batch.n_tokens if mine else 0
@@ -323,7 +404,10 @@ def train(
                 if not ends_step:
                     continue
                 # one optimizer step
+                # FSDP: DTensor gradients; the norm is over the whole gradient (a replicated DTensor).
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                if fsdp:
+                    grad_norm = grad_norm.full_tensor()  # type: ignore[attr-defined]
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
@@ -363,5 +447,7 @@ def train(
             if step >= total_steps:
                 break
     result.seconds = time.perf_counter() - t_start
-    model.eval()
+    if fsdp:
+        result.model, result.optimizer = gather_to_rank0(model, optimizer, keep)
+    result.model.eval()
     return result

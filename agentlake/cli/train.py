@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import typer
@@ -12,6 +13,18 @@ from agentlake.cli.app import ConfigOption, app, console, handle_errors, setting
 if TYPE_CHECKING:
     from schemas.config import Settings
     from trainer.round import RoundResult
+
+
+class Parallel(StrEnum):
+    """`agentlake train --parallel`: the values of ``trainer.parallel``."""
+
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
+ParallelOption = typer.Option(
+    None, "--parallel", help="With --nproc: ddp (a full model per process) or fsdp (sharded; default trainer.parallel)."
+)
 
 
 @app.command()
@@ -33,13 +46,15 @@ def train(
     nproc: int | None = typer.Option(
         None, "--nproc", min=1, help="Train data-parallel in N processes (torchrun; default trainer.nproc)."
     ),
+    parallel: Parallel | None = ParallelOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Train a new policy version on the transitions no earlier version trained on (each once).
 
     With ``trainer.agents`` listed, one round per agent's policy line (``--agent``: the lines it matches).
     With ``--nproc N`` > 1 each round is a torchrun job of N data-parallel processes on this machine
-    (``trainer.distributed``: gloo on CPU, NCCL with one GPU per process); publishing stays here."""
+    (``trainer.distributed``: gloo on CPU, NCCL with one GPU per process; ``--parallel fsdp`` shards the
+    model over them); publishing stays here."""
     from trainer.distributed import train_rounds
 
     settings = settings_or_exit(config)
@@ -54,7 +69,14 @@ def train(
     given = dict(max_steps=max_steps, version_start=version_start, version_end=version_end, agent=agent, table=table)
     overrides = {k: v for k, v in given.items() if v is not None}
     while True:
-        for result in train_rounds(settings, nproc=nproc, force=force, overrides=overrides, echo=_echo):
+        for result in train_rounds(
+            settings,
+            nproc=nproc,
+            parallel=parallel.value if parallel else None,
+            force=force,
+            overrides=overrides,
+            echo=_echo,
+        ):
             _report(settings, result, publish=publish)
         if once:
             return

@@ -1,4 +1,5 @@
-"""Data-parallel training (issue 12): two gloo processes under torchrun train a round as one process does."""
+"""Data-parallel training (issue 12): two gloo processes under torchrun train a round as one process does,
+each holding the whole model (DDP) or half of it (FSDP, ``trainer.parallel = "fsdp"``)."""
 
 from __future__ import annotations
 
@@ -53,21 +54,44 @@ def _settings(lake: Path, model: Path, **trainer: Any) -> Settings:
     )
 
 
-def _adapter(path: str | None) -> dict[str, torch.Tensor]:
+def _weights(path: str | None, finetune: str = "lora") -> dict[str, torch.Tensor]:
+    """The saved trained weights: the LoRA adapter, or the whole model."""
     assert path is not None
-    return load_file(str(Path(path) / "adapter_model.safetensors"))
+    return load_file(str(Path(path) / ("adapter_model.safetensors" if finetune == "lora" else "model.safetensors")))
+
+
+def _logits(path: str | None, base: Path, finetune: str) -> torch.Tensor:
+    """A saved version loaded as vLLM and the next round load it (peft over the base, or a HF folder): its logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert path is not None
+    model = AutoModelForCausalLM.from_pretrained(base if finetune == "lora" else path, dtype=torch.float32)
+    if finetune == "lora":
+        model = PeftModel.from_pretrained(model, path)
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([[3, 4, 5, 6, 7, 8]])).logits
 
 
 @pytest.mark.slow  # two trainings, one of them a torchrun job: over a minute on 2 busy cores
-def test_two_gloo_processes_give_one_process_losses_and_weights(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("parallel", "finetune"), [("ddp", "lora"), ("fsdp", "lora"), ("fsdp", "full")], ids=["ddp", "fsdp", "fsdp-full"]
+)
+def test_two_gloo_processes_give_one_process_losses_and_weights(
+    tmp_path: Path, tiny_model_dir: Path, parallel: str, finetune: str
+) -> None:
     rows = _rows()
     one_lake, two_lake = tmp_path / "one", tmp_path / "two"
     write_transitions(one_lake, rows)
     write_transitions(two_lake, rows)
 
-    one = train_once(_settings(one_lake, tiny_model_dir), progress=False)
+    t0 = time.monotonic()
+    one = train_once(_settings(one_lake, tiny_model_dir, finetune=finetune), progress=False)
+    t1 = time.monotonic()
     lines: list[str] = []
-    [two] = launch(_settings(two_lake, tiny_model_dir), nproc=2, overrides={"progress": False}, echo=lines.append)
+    settings = _settings(two_lake, tiny_model_dir, finetune=finetune, parallel=parallel)
+    [two] = launch(settings, nproc=2, overrides={"progress": False}, echo=lines.append)
+    print(f"{finetune}: 1 process {t1 - t0:.1f} s, 2 {parallel} processes {time.monotonic() - t1:.1f} s (torchrun)")
 
     assert one.version == two.version == "v0001"
     assert len(one.history) == len(two.history) == 4
@@ -76,16 +100,25 @@ def test_two_gloo_processes_give_one_process_losses_and_weights(tmp_path: Path, 
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
         assert b["tokens"] == a["tokens"]  # every rank's real tokens, summed
     assert two.metrics["world_size"] == 2.0 and "world_size" not in one.metrics
-    w1, w2 = _adapter(one.path), _adapter(two.path)
+    # FSDP did shard: both decoder layers, and the registry row says so
+    assert (two.metrics.get("fsdp") == 1.0) is (parallel == "fsdp")
+    assert any("FSDP: 2 decoder layers" in line for line in lines) is (parallel == "fsdp")
+    w1, w2 = _weights(one.path, finetune), _weights(two.path, finetune)
     assert w1.keys() == w2.keys()
-    # LoRA's B starts at zero: training moved it, so equal weights say something
-    assert max(float(w1[k].abs().max()) for k in w1 if "lora_B" in k) > 1e-4
+    if finetune == "lora":  # LoRA's B starts at zero: training moved it, so equal weights say something
+        assert max(float(w1[k].abs().max()) for k in w1 if "lora_B" in k) > 1e-4
+    else:  # the saved model is the trained one, not the base it started from
+        base = load_file(str(tiny_model_dir / "model.safetensors"))
+        assert max(float((w2[k] - base[k]).abs().max()) for k in base) > 1e-4
     # AdamW divides each element's gradient by its own scale, so an element whose gradient is ~0 moves by
     # float noise amplified toward lr: weights agree to a tenth of one step (lr 1e-3), and nearly all to 1e-6.
     diffs = torch.cat([(w2[k] - w1[k]).abs().flatten() for k in w1])
     assert float(diffs.max()) < 1e-4
     assert float((diffs > 1e-6).float().mean()) < 0.01
-    print(f"final LoRA weights: max |2-process - 1-process| = {float(diffs.max()):.2e} over {diffs.numel()}")
+    print(f"final {finetune} weights: max |2-process - 1-process| = {float(diffs.max()):.2e} over {diffs.numel()}")
+    # both folders load as a policy does, and answer alike
+    l1, l2 = _logits(one.path, tiny_model_dir, finetune), _logits(two.path, tiny_model_dir, finetune)
+    assert torch.allclose(l1, l2, atol=1e-4)
     # rank 0 alone wrote the registry and the lineage: one version, its 9 rows once
     assert [r["version"] for r in Registry(Lake(str(two_lake))).rows()] == ["v0001"]
     lineage = Lake(str(two_lake)).table("training_lineage")
@@ -110,7 +143,8 @@ def test_a_failing_rank_ends_the_job_with_its_error(
     assert Registry(Lake(str(lake))).rows() == []
 
 
-def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_model_dir: Path, parallel: str) -> None:
     from dagster import materialize
 
     from pipelines.assets.policy import policy
@@ -121,7 +155,7 @@ def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_mo
     resource = TrainerResource(
         lake=LakeResource(root=str(lake)),
         kafka=KafkaResource(bootstrap_servers="127.0.0.1:1", spans_topic="s", rewards_topic="r"),
-        trainer={**TRAIN, "nproc": 2, "epochs": 1},
+        trainer={**TRAIN, "nproc": 2, "epochs": 1, "parallel": parallel},
         model={"base": str(tiny_model_dir)},
         publish=False,
     )
@@ -130,10 +164,13 @@ def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_mo
     [mat] = result.asset_materializations_for_node("policy")
     assert mat.metadata["version"].value == "v0001"
     assert mat.metadata["world_size"].value == 2.0
+    assert ("fsdp" in mat.metadata) is (parallel == "fsdp")
     assert [r["version"] for r in Registry(Lake(str(lake))).rows()] == ["v0001"]
 
 
-def test_agentlake_train_nproc_runs_the_job_and_reports_rank_0s_round(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_agentlake_train_nproc_parallel_fsdp_runs_the_job_and_reports_rank_0s_round(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     from typer.testing import CliRunner
 
     from agentlake.cli import app
@@ -145,9 +182,11 @@ def test_agentlake_train_nproc_runs_the_job_and_reports_rank_0s_round(tmp_path: 
         f'[lake]\nroot = "{lake}"\n[state]\ndir = "{tmp_path / "state"}"\n[model]\nbase = "{tiny_model_dir}"\n'
         "[trainer]\nlora_rank = 4\nbatch_size = 4\nmin_new_transitions = 2\n"
     )
-    out = CliRunner().invoke(app, ["train", "--once", "--nproc", "2", "--max-steps", "1", "--config", str(config)])
+    args = ["train", "--once", "--nproc", "2", "--parallel", "fsdp", "--max-steps", "1", "--config", str(config)]
+    out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     assert f"v0001 from {N_ROWS} transitions" in out.output and "[rank 0]" in out.output
+    assert "FSDP: 2 decoder layers" in out.output  # --parallel reached the ranks (the config says ddp)
 
 
 def test_bf16_is_for_cuda_only() -> None:
@@ -167,3 +206,12 @@ def test_bf16_is_for_cuda_only() -> None:
     with pytest.raises(ConfigError, match="needs CUDA"):
         TrainConfig(precision="bf16", device="cpu").validate()
     assert load_settings(environ={}, overrides={"trainer": {"precision": "bf16", "nproc": 2}}).trainer.nproc == 2
+
+
+def test_parallel_is_ddp_or_fsdp() -> None:
+    from schemas.errors import ConfigError
+
+    assert load_settings(environ={}).trainer.parallel == "ddp"
+    assert load_settings(environ={}, overrides={"trainer": {"parallel": "fsdp"}}).trainer.parallel == "fsdp"
+    with pytest.raises(ConfigError, match="parallel"):
+        load_settings(environ={}, overrides={"trainer": {"parallel": "zero3"}})
