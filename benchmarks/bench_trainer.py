@@ -30,6 +30,7 @@ its real work is nearer 4 N) times our median tokens/s, over the GPU's peak dens
 ``--nproc 2`` (the default) adds data-parallel throughput: the same steps as one torchrun job of 2
 gloo processes (each half of every batch, ``trainer.distributed``) against a job of 1, median
 tokens/s per step over ``--repeats`` alternating runs; the cores are split between the processes.
+``--parallel fsdp`` runs the N-process job sharded (``trainer.parallel = "fsdp"``) instead of DDP.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def ours(base: torch.nn.Module, cfg: TrainConfig, rows: pa.Table) -> list[float]
     """Per-step tokens/s of ``trainer.train.train``."""
     model = with_lora(base, cfg, cfg.seed)
     result = train(cfg, rows, model=model, tokenizer=None)
-    model.unload()  # strip the adapter so the next run starts from the same base
+    if not result.sharded:  # FSDP sharded the base in place: the caller loads a fresh one
+        model.unload()  # strip the adapter so the next run starts from the same base
     return [m["tokens_per_s"] for m in result.history]
 
 
@@ -246,13 +248,14 @@ def ddp_worker(args: argparse.Namespace) -> None:
     """One rank of a ``--nproc`` job (under torchrun): our loop's per-step tokens/s, written by rank 0."""
     from trainer.ranks import process_group, world
 
-    with process_group(pick_device().type):
-        torch.manual_seed(0)
-        base, _ = load_base(args.model)
+    with process_group(pick_device().type, args.parallel):
         cfg = bench_config(args)
         rows = synthetic_rows(args.steps * args.batch_size, args.prompt_len, args.response_len, 49152, seed=0)
-        ours(base, cfg.replace(max_steps=1), rows)  # warm-up
-        tps = ours(base, cfg, rows)
+        tps: list[float] = []
+        for steps in (1, args.steps):  # a warm-up step, then the measured run
+            torch.manual_seed(0)
+            base, _ = load_base(args.model)  # fresh each run: FSDP shards the model in place
+            tps = ours(base, cfg.replace(max_steps=steps), rows)
         if world()[0] == 0:
             Path(args.ddp_worker).write_text(json.dumps(tps))
 
@@ -264,7 +267,7 @@ def ddp_tokens_per_s(args: argparse.Namespace, nproc: int) -> list[float]:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
         cmd += [__file__, "--ddp-worker", str(out), "--model", str(args.model), "--steps", str(args.steps)]
         cmd += ["--batch-size", str(args.batch_size), "--prompt-len", str(args.prompt_len)]
-        cmd += ["--response-len", str(args.response_len)]
+        cmd += ["--response-len", str(args.response_len), "--parallel", args.parallel]
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         return json.loads(out.read_text())
@@ -281,6 +284,7 @@ def main() -> None:
     ap.add_argument("--vllm-url", default=None)
     ap.add_argument("--served-name", default="agentlake-bench", help="adapter name; not the live policy's")
     ap.add_argument("--nproc", type=int, default=2, help="data-parallel row: N gloo processes vs 1 (1: no row)")
+    ap.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="how the --nproc job splits the model")
     ap.add_argument("--replica-urls", nargs="+", default=[], help="release-bus row: one vLLM per replica")
     ap.add_argument("--start-replicas", type=int, default=0, help="start N vLLM servers for the release-bus row")
     ap.add_argument("--bus-publishes", type=int, default=5, help="publishes the release-bus median is over")
@@ -367,7 +371,7 @@ def main_with(args: argparse.Namespace) -> None:
                 (one if n == 1 else many).extend(ddp_tokens_per_s(args, n))
         med_one, med_many = statistics.median(one), statistics.median(many)
         table.add_row(
-            f"tokens/s per step, {args.nproc} gloo processes vs 1 (median)",
+            f"tokens/s per step, {args.nproc} gloo processes ({args.parallel}) vs 1 (median)",
             f"{med_many:.0f} vs {med_one:.0f} ({med_many / med_one:.2f}x)",
             "",
         )

@@ -3,6 +3,7 @@ each holding the whole model (DDP) or half of it (FSDP, ``trainer.parallel = "fs
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import time
 from pathlib import Path
@@ -15,10 +16,11 @@ from safetensors.torch import load_file
 from schemas.config import Settings, load_settings
 from schemas.lake import Lake
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+from trainer.checkpoints import OPTIMIZER_FILE
 from trainer.distributed import FAIL_HOOK, launch
 from trainer.errors import TrainerError
 from trainer.registry import Registry
-from trainer.round import train_once
+from trainer.round import RoundResult, train_once
 
 # 9 rows in micro-batches of 4: chunks of 4, 4 and 1, so one rank trains a stand-in at share 0 in the last;
 # two micro-batches a step, two epochs: 4 optimizer steps, the last of each epoch a single micro-batch.
@@ -28,8 +30,9 @@ TRAIN: dict[str, Any] = dict(
 N_ROWS = 9
 
 
-def _rows() -> list[dict[str, Any]]:
-    """Prompts and responses of different lengths, mixed advantages, some with behaviour logprobs."""
+def _rows(start: int = 0) -> list[dict[str, Any]]:
+    """Prompts and responses of different lengths, mixed advantages, some with behaviour logprobs; ids from
+    ``start`` (the same rows under new ids are new transitions to a second round)."""
     tok = build_tokenizer()
     words = "what is two plus three four five six seven yes no maybe answer".split()
     rng = random.Random(7)
@@ -38,7 +41,8 @@ def _rows() -> list[dict[str, Any]]:
         prompt = tok(" ".join(rng.choices(words, k=rng.randint(3, 8))))["input_ids"]
         response = tok(" ".join(rng.choices(words, k=rng.randint(1, 6))))["input_ids"]
         logprobs = [-rng.uniform(0.5, 3.0) for _ in response] if i % 3 else None
-        out.append(transition(i, prompt, response, advantage=rng.choice([-1.0, 0.5, 1.0]), logprobs=logprobs))
+        advantage = rng.choice([-1.0, 0.5, 1.0])
+        out.append(transition(start + i, prompt, response, advantage=advantage, logprobs=logprobs))
     return out
 
 
@@ -73,6 +77,34 @@ def _logits(path: str | None, base: Path, finetune: str) -> torch.Tensor:
         return model(input_ids=torch.tensor([[3, 4, 5, 6, 7, 8]])).logits
 
 
+def _one_and_two(
+    lakes: tuple[Path, Path], model: Path, rows: list[dict[str, Any]], **trainer: Any
+) -> tuple[RoundResult, RoundResult, list[str]]:
+    """``rows`` added to both lakes, then a round on each: in this process, and as a job of 2 gloo processes
+    (``trainer`` settings for both; one process ignores ``parallel``). Checks that the steps are the same."""
+    for lake in lakes:
+        write_transitions(lake, rows)
+    t0 = time.monotonic()
+    one = train_once(_settings(lakes[0], model, **trainer), progress=False)
+    t1 = time.monotonic()
+    lines: list[str] = []
+    [two] = launch(_settings(lakes[1], model, **trainer), nproc=2, overrides={"progress": False}, echo=lines.append)
+    print(f"{trainer}: 1 process {t1 - t0:.1f} s, 2 processes {time.monotonic() - t1:.1f} s (with torchrun's start)")
+    assert one.version == two.version
+    assert len(one.history) == len(two.history) == 4
+    for a, b in zip(one.history, two.history, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
+        assert b["tokens"] == a["tokens"]  # every rank's real tokens, summed
+    return one, two, lines
+
+
+def _max_diff(w1: dict[str, torch.Tensor], w2: dict[str, torch.Tensor]) -> torch.Tensor:
+    """|w2 - w1| of every element, after checking both name the same tensors."""
+    assert w1.keys() == w2.keys()
+    return torch.cat([(w2[k] - w1[k]).abs().flatten() for k in w1])
+
+
 @pytest.mark.slow  # two trainings, one of them a torchrun job: over a minute on 2 busy cores
 @pytest.mark.parametrize(
     ("parallel", "finetune"), [("ddp", "lora"), ("fsdp", "lora"), ("fsdp", "full")], ids=["ddp", "fsdp", "fsdp-full"]
@@ -80,31 +112,16 @@ def _logits(path: str | None, base: Path, finetune: str) -> torch.Tensor:
 def test_two_gloo_processes_give_one_process_losses_and_weights(
     tmp_path: Path, tiny_model_dir: Path, parallel: str, finetune: str
 ) -> None:
-    rows = _rows()
-    one_lake, two_lake = tmp_path / "one", tmp_path / "two"
-    write_transitions(one_lake, rows)
-    write_transitions(two_lake, rows)
-
-    t0 = time.monotonic()
-    one = train_once(_settings(one_lake, tiny_model_dir, finetune=finetune), progress=False)
-    t1 = time.monotonic()
-    lines: list[str] = []
-    settings = _settings(two_lake, tiny_model_dir, finetune=finetune, parallel=parallel)
-    [two] = launch(settings, nproc=2, overrides={"progress": False}, echo=lines.append)
-    print(f"{finetune}: 1 process {t1 - t0:.1f} s, 2 {parallel} processes {time.monotonic() - t1:.1f} s (torchrun)")
-
-    assert one.version == two.version == "v0001"
-    assert len(one.history) == len(two.history) == 4
-    for a, b in zip(one.history, two.history, strict=True):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
-        assert b["tokens"] == a["tokens"]  # every rank's real tokens, summed
+    two_lake = tmp_path / "two"
+    one, two, lines = _one_and_two(
+        (tmp_path / "one", two_lake), tiny_model_dir, _rows(), finetune=finetune, parallel=parallel
+    )
+    assert two.version == "v0001"
     assert two.metrics["world_size"] == 2.0 and "world_size" not in one.metrics
     # FSDP did shard: both decoder layers, and the registry row says so
     assert (two.metrics.get("fsdp") == 1.0) is (parallel == "fsdp")
     assert any("FSDP: 2 decoder layers" in line for line in lines) is (parallel == "fsdp")
     w1, w2 = _weights(one.path, finetune), _weights(two.path, finetune)
-    assert w1.keys() == w2.keys()
     if finetune == "lora":  # LoRA's B starts at zero: training moved it, so equal weights say something
         assert max(float(w1[k].abs().max()) for k in w1 if "lora_B" in k) > 1e-4
     else:  # the saved model is the trained one, not the base it started from
@@ -112,7 +129,7 @@ def test_two_gloo_processes_give_one_process_losses_and_weights(
         assert max(float((w2[k] - base[k]).abs().max()) for k in base) > 1e-4
     # AdamW divides each element's gradient by its own scale, so an element whose gradient is ~0 moves by
     # float noise amplified toward lr: weights agree to a tenth of one step (lr 1e-3), and nearly all to 1e-6.
-    diffs = torch.cat([(w2[k] - w1[k]).abs().flatten() for k in w1])
+    diffs = _max_diff(w1, w2)
     assert float(diffs.max()) < 1e-4
     assert float((diffs > 1e-6).float().mean()) < 0.01
     print(f"final {finetune} weights: max |2-process - 1-process| = {float(diffs.max()):.2e} over {diffs.numel()}")
@@ -126,6 +143,26 @@ def test_two_gloo_processes_give_one_process_losses_and_weights(
     assert any("[rank 0]" in line for line in lines)  # the job's log came through echo
     print(f"per-step losses, 1 process: {[h['loss'] for h in one.history]}")
     print(f"per-step losses, 2 processes: {[h['loss'] for h in two.history]}")
+
+
+@pytest.mark.slow  # two rounds, each in one process and as a torchrun job
+def test_fsdp_continues_the_parents_adapter_and_adamw_moments(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # v0001 published, then new rows: each second round loads v0001's adapter and optimizer.pt, which the
+    # FSDP ranks cut into their shards, and rank 0 saves the moments gathered back whole.
+    lakes = (tmp_path / "one", tmp_path / "two")
+    _one_and_two(lakes, tiny_model_dir, _rows(), parallel="fsdp")
+    for lake in lakes:
+        Registry(Lake(str(lake))).set_status("v0001", "published", published_at=dt.datetime.now(dt.UTC))
+    one, two, _ = _one_and_two(lakes, tiny_model_dir, _rows(start=N_ROWS), parallel="fsdp")
+    assert one.parent_version == two.parent_version == "v0001" and two.version == "v0002"
+    assert float(_max_diff(_weights(one.path), _weights(two.path)).max()) < 1e-4
+    assert one.path is not None and two.path is not None
+    o1, o2 = (torch.load(Path(p) / OPTIMIZER_FILE, weights_only=True) for p in (one.path, two.path))
+    assert o1["state"].keys() == o2["state"].keys() and len(o1["state"]) > 0
+    for i, s in o1["state"].items():
+        assert float(s["step"]) == float(o2["state"][i]["step"]) == 8.0  # 4 steps in each round
+        assert torch.allclose(s["exp_avg"], o2["state"][i]["exp_avg"], atol=1e-6)
+        assert torch.allclose(s["exp_avg_sq"], o2["state"][i]["exp_avg_sq"], atol=1e-8, rtol=1e-3)
 
 
 def test_a_failing_rank_ends_the_job_with_its_error(
