@@ -15,8 +15,8 @@ With ``serving.replicas`` the trainer host does not reach the replicas' vLLMs, s
    that failed or stayed silent is ``failed``; only a candidate that is not worse is released to every
    replica, as without the gate.
 
-An evaluate command is not a release: ``trainer.loader.targets_me`` only takes ``release`` commands, so a
-loader's startup catch-up and its resync never apply one again (a loader that was down when one came
+An evaluate command is not a release: ``trainer.loader.targets_me`` takes ``release`` and ``unload`` only, so
+a loader's startup catch-up and its resync never apply one again (a loader that was down when one came
 leaves the publisher to time out, naming the canary).
 """
 
@@ -51,7 +51,7 @@ def evaluate_command(
     if row["kind"] != "lora":
         raise PublishError(
             f"{row['version']} is a full-weight version; a canary evaluates LoRA adapters only "
-            "(train with trainer.finetune = 'lora', or publish full weights to one vLLM without serving.replicas)"
+            "(train with trainer.finetune = 'lora', or leave trainer.eval_tasks unset to release full weights)"
         )
     if not row.get("artifact_uri") or not row.get("manifest_sha256"):
         raise PublishError(f"{row['version']} has no stored artifact for the canary to fetch; train a new version")
