@@ -254,9 +254,13 @@ def test_full_weights_roll_out_one_replica_at_a_time_and_a_bad_version_stops_at_
     codes: list[tuple[int, str | None]] = []
     calling = threading.Event()
 
+    def r1_done() -> bool:
+        return any(a["replica"] == "r1" and a["version"] == v1 for a in replicas["acks"])
+
     def agent() -> None:
+        """Calls r1 through its gateway until r1 acked (then r1 is left idle: two vLLMs share these 2 cores)."""
         body = {"model": base_name, "prompt": PROMPT, "max_tokens": 2}
-        while not calling.is_set():
+        while not calling.is_set() and not r1_done():
             try:
                 r = httpx.post(f"{replicas['gateway_url']}/v1/completions", json=body, timeout=60)
                 codes.append((r.status_code, r.headers.get("retry-after")))
