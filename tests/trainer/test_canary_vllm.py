@@ -28,15 +28,13 @@ from schemas.config import Settings
 from schemas.lake import Lake
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
-from tests.trainer.test_release_bus import _draw_lora_b, _register
-from trainer.config import TrainConfig
+from tests.trainer.test_release_bus import lora_line
 from trainer.errors import PublishError
 from trainer.eval_gate import EvalTask, candidate_name
 from trainer.loader import Loader
 from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.served import served_now
-from trainer.train import load_policy
 from trainer.vllm_client import VllmClient
 
 PROMPT = "The capital of France is"
@@ -85,24 +83,9 @@ def _only_in(text: str, other: str) -> str:
 def test_the_canary_rejects_a_worse_version_releases_a_better_one_and_a_silent_canary_fails(
     settings: Settings, vllm_server: VllmServer, object_store: ObjectStore, canary: VllmClient, tmp_path: Path
 ) -> None:
-    lake, opts = object_store.lake_root(), object_store.storage_options
-    cfg = TrainConfig(
-        lake_root=lake,
-        storage_options=opts,
-        base_model=str(vllm_server.model_path),
-        checkpoint_dir=str(tmp_path / "trainer-host" / "models"),
-        served_name=ADAPTER,
-        lora_rank=8,
-        lora_alpha=16,
-        progress=False,
-    )
-    reg = Registry(Lake(lake, opts))
-    model, tok = load_policy(cfg)
-    v1 = _register(reg, model, tok, cfg, 1, opts)
-    _draw_lora_b(model, seed=2)
-    v2 = _register(reg, model, tok, cfg, 2, opts)
-    _draw_lora_b(model, seed=3)
-    v3 = _register(reg, model, tok, cfg, 3, opts)
+    line = lora_line(object_store, vllm_server.model_path, tmp_path, ADAPTER)
+    reg, cfg = line.reg, line.cfg
+    v1, v2, v3 = line.add(1), line.add(2, seed=2), line.add(3, seed=3)
 
     def bus(**kwargs: Any) -> Publisher:
         return Publisher(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,41 @@ def _draw_lora_b(model: Any, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
 
 
+@dataclass
+class LoraLine:
+    """A LoRA line on the object store's lake: one model whose adapter is redrawn and registered per version."""
+
+    reg: Registry
+    cfg: TrainConfig
+    model: Any
+    tok: Any
+    opts: dict[str, str]
+
+    def add(self, number: int, *, seed: int | None = None) -> str:
+        """Register ``v000<number>``: the adapter as it is (a fresh one: B = 0, the base model's answers), or
+        with B drawn from ``seed``."""
+        if seed is not None:
+            _draw_lora_b(self.model, seed)
+        return _register(self.reg, self.model, self.tok, self.cfg, number, self.opts)
+
+
+def lora_line(object_store: ObjectStore, model_path: Path, tmp_path: Path, served_name: str) -> LoraLine:
+    """A rank-8 LoRA line on SmolLM2 whose versions are stored in the object store's lake, as a trainer host's."""
+    lake, opts = object_store.lake_root(), object_store.storage_options
+    cfg = TrainConfig(
+        lake_root=lake,
+        storage_options=opts,
+        base_model=str(model_path),
+        checkpoint_dir=str(tmp_path / "trainer-host" / "models"),
+        served_name=served_name,
+        lora_rank=8,
+        lora_alpha=16,
+        progress=False,
+    )
+    model, tok = load_policy(cfg)
+    return LoraLine(Registry(Lake(lake, opts)), cfg, model, tok, opts)
+
+
 @pytest.fixture()
 def loaders(
     settings: Settings, vllm_server: VllmServer, vllm_server_b: VllmServer, object_store: ObjectStore, tmp_path: Path
@@ -116,24 +152,9 @@ def test_two_replicas_publish_refuse_a_corrupt_version_and_roll_back(
     loaders: dict[str, VllmClient],
     tmp_path: Path,
 ) -> None:
-    lake, opts = object_store.lake_root(), object_store.storage_options
-    cfg = TrainConfig(
-        lake_root=lake,
-        storage_options=opts,
-        base_model=str(vllm_server.model_path),
-        checkpoint_dir=str(tmp_path / "trainer-host" / "models"),
-        served_name=ADAPTER,
-        lora_rank=8,
-        lora_alpha=16,
-        progress=False,
-    )
-    reg = Registry(Lake(lake, opts))
-    model, tok = load_policy(cfg)
-    v1 = _register(reg, model, tok, cfg, 1, opts)
-    _draw_lora_b(model, seed=2)
-    v2 = _register(reg, model, tok, cfg, 2, opts)
-    _draw_lora_b(model, seed=3)
-    v3 = _register(reg, model, tok, cfg, 3, opts)
+    line = lora_line(object_store, vllm_server.model_path, tmp_path, ADAPTER)
+    reg, cfg, tok, opts = line.reg, line.cfg, line.tok, line.opts
+    v1, v2, v3 = line.add(1), line.add(2, seed=2), line.add(3, seed=3)
     pub = Publisher(
         registry=reg, vllm_url="", served_name=ADAPTER, kafka=settings.kafka, replicas=REPLICAS, ack_timeout_s=180
     )

@@ -40,7 +40,6 @@ from tests.collectors.helpers import LoopThread, wait_until
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
 from trainer.artifacts import store_version
-from trainer.config import TrainConfig
 from trainer.errors import PublishError
 from trainer.loader import Loader, same_folder
 from trainer.publish import Publisher
@@ -165,23 +164,10 @@ def _commands(settings: Settings) -> list[tuple[str, str, list[str], dt.datetime
 def test_a_failed_first_publish_unloads_the_adapter_where_it_was_loaded(
     settings: Settings, replicas: dict[str, Any], object_store: ObjectStore, vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    from tests.trainer.test_release_bus import _draw_lora_b, _register
-    from trainer.train import load_policy
+    from tests.trainer.test_release_bus import lora_line
 
-    reg, lake, opts = _registry(object_store)
-    cfg = TrainConfig(
-        lake_root=lake,
-        storage_options=opts,
-        base_model=str(vllm_server.model_path),
-        checkpoint_dir=str(tmp_path / "trainer-host" / "models"),
-        served_name=NAME,
-        lora_rank=8,
-        lora_alpha=16,
-        progress=False,
-    )
-    model, tok = load_policy(cfg)
-    _draw_lora_b(model, seed=2)
-    v1 = _register(reg, model, tok, cfg, 1, opts)
+    line = lora_line(object_store, vllm_server.model_path, tmp_path, NAME)
+    reg, v1 = line.reg, line.add(1, seed=2)
     pub = Publisher(
         registry=reg,
         vllm_url="",
