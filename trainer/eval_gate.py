@@ -76,10 +76,10 @@ def worse(scores: dict[str, float]) -> bool:
 
 def base_name(client: VllmClient) -> str:
     """The name vLLM serves its base model under: the baseline when no adapter serves yet."""
-    bases = [m["id"] for m in client.models() if not m.get("parent")]
-    if not bases:
+    base = client.base_model()
+    if base is None:
         raise PublishError("vLLM lists no base model to evaluate against")
-    return str(bases[0])
+    return base[0]
 
 
 def compare(

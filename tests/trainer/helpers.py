@@ -182,3 +182,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+def register_stored(reg: Any, folder: Path, number: int, *, kind: str = "lora", base_model: str = "base") -> str:
+    """Store ``folder`` as version ``v000<number>`` in the registry's own lake (files + manifest), register it."""
+    from trainer.artifacts import store_version
+
+    version = f"v{number:04d}"
+    lake = reg.lake
+    stored = store_version(folder, lake_root=lake.root, version=version, storage_options=lake.storage_options)
+    reg.add(
+        version=version,
+        version_number=number,
+        base_model=base_model,
+        kind=kind,
+        path=str(folder),
+        artifact_uri=stored.uri,
+        manifest_sha256=stored.manifest_sha256,
+    )
+    return version

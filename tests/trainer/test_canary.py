@@ -24,7 +24,7 @@ from schemas.config import Settings
 from schemas.lake import Lake
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
-from trainer.artifacts import store_version
+from tests.trainer.helpers import register_stored
 from trainer.canary import EVALUATE, MAX_TASKS_BYTES, ask_canary, evaluate, evaluate_command, evaluates_here
 from trainer.errors import PublishError
 from trainer.eval_gate import EvalTask, candidate_name, worse
@@ -118,17 +118,8 @@ def registry(tmp_path: Path) -> Registry:
     folder.mkdir(parents=True)
     (folder / "adapter_config.json").write_text("{}")
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
-    stored = store_version(folder, lake_root=str(tmp_path / "lake"), version="v0001")
     reg = Registry(Lake(str(tmp_path / "lake")))
-    reg.add(
-        version="v0001",
-        version_number=1,
-        base_model="base",
-        kind="lora",
-        path=str(folder),
-        artifact_uri=stored.uri,
-        manifest_sha256=stored.manifest_sha256,
-    )
+    register_stored(reg, folder, 1)
     return reg
 
 

@@ -19,6 +19,7 @@ import pytest
 from agentlake.stack.ports import free_port
 from schemas.config import Settings
 from schemas.lake import Lake
+from tests.trainer.helpers import register_stored
 from trainer.artifacts import store_version
 from trainer.errors import PublishError
 from trainer.loader import Loader, Served, build_ack, latest_releases, targets_me
@@ -133,17 +134,8 @@ def test_publish_through_the_bus_records_every_replicas_error(
     folder = tmp_path / "lake" / "models" / "v0001"
     folder.mkdir(parents=True)
     (folder / "adapter_config.json").write_text("{}")
-    stored = store_version(folder, lake_root=str(tmp_path / "lake"), version="v0001")
     reg = Registry(Lake(str(tmp_path / "lake")))
-    reg.add(
-        version="v0001",
-        version_number=1,
-        base_model="base",
-        kind="lora",
-        path=str(folder),
-        artifact_uri=stored.uri,
-        manifest_sha256=stored.manifest_sha256,
-    )
+    register_stored(reg, folder, 1)
     pub = Publisher(
         registry=reg, vllm_url="", served_name="p", kafka=settings.kafka, replicas=("r1", "r2"), ack_timeout_s=6
     )

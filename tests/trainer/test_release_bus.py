@@ -31,7 +31,7 @@ from schemas.storage import read_bytes, write_bytes
 from schemas.uris import table_uri
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
-from trainer.artifacts import store_version
+from tests.trainer.helpers import register_stored
 from trainer.checkpoints import save_checkpoint
 from trainer.config import TrainConfig
 from trainer.errors import PublishError
@@ -51,17 +51,7 @@ def _register(reg: Registry, model: Any, tok: Any, cfg: TrainConfig, number: int
     """Save the model's adapter as version ``v000<number>``, store it in the lake, register it."""
     version = f"v{number:04d}"
     path = save_checkpoint(Path(cfg.checkpoint_dir) / version, model=model, tokenizer=tok, cfg=cfg, meta={})
-    stored = store_version(path, lake_root=cfg.lake_root, version=version, storage_options=opts)
-    reg.add(
-        version=version,
-        version_number=number,
-        base_model=cfg.base_model,
-        kind="lora",
-        path=str(path),
-        artifact_uri=stored.uri,
-        manifest_sha256=stored.manifest_sha256,
-    )
-    return version
+    return register_stored(reg, path, number, base_model=cfg.base_model)
 
 
 def _draw_lora_b(model: Any, seed: int) -> None:

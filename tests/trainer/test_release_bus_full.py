@@ -39,7 +39,7 @@ from schemas.uris import table_uri
 from tests.collectors.helpers import LoopThread, wait_until
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
-from trainer.artifacts import store_version
+from tests.trainer.helpers import register_stored
 from trainer.errors import PublishError
 from trainer.loader import Loader, same_folder
 from trainer.publish import Publisher
@@ -120,24 +120,14 @@ def replicas(
     assert not any(t.is_alive() for t in threads)
 
 
+def _add_full(reg: Registry, folder: Path, number: int) -> str:
+    """A full-weight version of SmolLM2, stored in the registry's lake and registered."""
+    return register_stored(reg, folder, number, kind="full", base_model="smollm2-135m")
+
+
 def _registry(object_store: ObjectStore) -> tuple[Registry, str, dict[str, str]]:
     lake, opts = object_store.lake_root(), object_store.storage_options
     return Registry(Lake(lake, opts)), lake, opts
-
-
-def _add(reg: Registry, folder: Path, number: int, kind: str, lake: str, opts: dict[str, str]) -> str:
-    version = f"v{number:04d}"
-    stored = store_version(folder, lake_root=lake, version=version, storage_options=opts)
-    reg.add(
-        version=version,
-        version_number=number,
-        base_model="smollm2-135m",
-        kind=kind,  # type: ignore[arg-type]
-        path=str(folder),
-        artifact_uri=stored.uri,
-        manifest_sha256=stored.manifest_sha256,
-    )
-    return version
 
 
 def _commands(settings: Settings) -> list[tuple[str, str, list[str], dt.datetime]]:
@@ -220,7 +210,7 @@ def _perturbed_copy(base: Path, dest: Path, *, seed: int) -> Path:
 def test_full_weights_roll_out_one_replica_at_a_time_and_a_bad_version_stops_at_the_first(
     settings: Settings, replicas: dict[str, Any], object_store: ObjectStore, vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    reg, lake, opts = _registry(object_store)
+    reg, _, opts = _registry(object_store)
     servers: dict[str, VllmServer] = replicas["servers"]
     clients = {r: VllmClient(s.url) for r, s in servers.items()}
     base_name = _base(vllm_server)[0]
@@ -229,7 +219,7 @@ def test_full_weights_roll_out_one_replica_at_a_time_and_a_bad_version_stops_at_
         return {r: c.complete(base_name, PROMPT, max_tokens=8) for r, c in clients.items()}
 
     host = tmp_path / "trainer-host" / "models"
-    v1 = _add(reg, _perturbed_copy(vllm_server.model_path, host / "v0001", seed=7), 1, "full", lake, opts)
+    v1 = _add_full(reg, _perturbed_copy(vllm_server.model_path, host / "v0001", seed=7), 1)
     pub = Publisher(
         registry=reg, vllm_url="", served_name=NAME, kafka=settings.kafka, replicas=REPLICAS, ack_timeout_s=400
     )
@@ -282,7 +272,7 @@ def test_full_weights_roll_out_one_replica_at_a_time_and_a_bad_version_stops_at_
     print(f"\nfull-weight rollout to 2 replicas: {rollout_s:.1f}s; each replica's restart and checks: {per}")
 
     # v0002: v0001's files, one byte of config.json changed in the bucket: r1 refuses it, r2 never hears of it
-    v2 = _add(reg, _linked_copy(host / "v0001", host / "v0002"), 2, "full", lake, opts)
+    v2 = _add_full(reg, _linked_copy(host / "v0001", host / "v0002"), 2)
     stored = table_uri(reg.get(v2)["artifact_uri"], "config.json")
     data = bytearray(read_bytes(stored, opts) or b"")
     data[len(data) // 2] ^= 0x01
@@ -299,7 +289,7 @@ def test_full_weights_roll_out_one_replica_at_a_time_and_a_bad_version_stops_at_
     assert reg.serving()["version"] == v1 and texts() == v1_text
 
     # v0003: stored intact, but vLLM cannot start on it: r1 restarts on v0001 again and says why
-    v3 = _add(reg, _unstartable(vllm_server.model_path, host / "v0003"), 3, "full", lake, opts)
+    v3 = _add_full(reg, _unstartable(vllm_server.model_path, host / "v0003"), 3)
     with pytest.raises(PublishError, match=f"{v3} was not published: replica r1: .*exited 1"):
         pub.publish(v3)
     assert "replica r2: not sent" in reg.get(v3)["publish_error"]
