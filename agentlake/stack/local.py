@@ -8,7 +8,7 @@ the same settings as the parent.
 
 Every other tool finds the running stack by itself: `up` writes the live addresses (broker,
 lake, collector, gateway, vLLM, Dagster) with the pid of each process to ``<state>/stack.json``,
-which settings loading falls back to (``schemas.config.running_stack``); `down` removes it. The
+which settings loading falls back to (``schemas.config.stack_file.live_stack``); `down` removes it. The
 local broker keeps its port across `down` and `up` (``<state>/broker.port``, reused while free),
 so a client that holds the address still reaches it.
 
@@ -35,7 +35,8 @@ from agentlake.stack.broker import broker_argv, durable_storage, ensure_topics
 from agentlake.stack.health import http_ok, kafka_ok, server_ok
 from agentlake.stack.ports import free_port, port_free, wait_for_port
 from agentlake.stack.processes import StackError
-from schemas.config import STACK_FILE_VERSION, Settings, stack_file
+from schemas.config import Settings
+from schemas.config.stack_file import STACK_FILE_VERSION, stack_file
 from schemas.uris import normalize_uri
 
 logger = logging.getLogger(__name__)
