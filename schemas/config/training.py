@@ -15,13 +15,22 @@ from pydantic import Field, field_validator
 from schemas.config.base import Section
 from schemas.tables import TRAINABLE_TABLE_PATTERN
 
+# The modes, each written once: the settings validate them, and trainer.config.TrainConfig, trainer.ranks
+# and pipelines.credit take the same types.
+Algorithm = Literal["grpo", "ppo", "reinforce"]
+Finetune = Literal["lora", "full"]
+Parallel = Literal["ddp", "fsdp"]
+Precision = Literal["auto", "fp32", "bf16"]
+CreditMode = Literal["identical", "discounted", "per_step", "last_only"]
+AdvantageMode = Literal["grpo", "rloo", "running_baseline", "none"]
+
 # A trained agent's name (trainer.agents): it is matched exactly and becomes part of a served model name.
 AGENT_LINE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 
 
 class TrainerSettings(Section):
-    algorithm: Literal["grpo", "ppo", "reinforce"] = "grpo"
-    finetune: Literal["lora", "full"] = "lora"
+    algorithm: Algorithm = "grpo"
+    finetune: Finetune = "lora"
     lora_rank: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     learning_rate: float = Field(1e-4, gt=0)
@@ -54,9 +63,9 @@ class TrainerSettings(Section):
     # How those processes split the model: "ddp", a full replica each (the default: fastest while one device
     # holds the model); "fsdp", each holds 1/nproc of the weights, gradients and AdamW state (FSDP2): choose it
     # when the parameters + gradients + optimizer state do not fit one device. The updates are the same.
-    parallel: Literal["ddp", "fsdp"] = "ddp"
+    parallel: Parallel = "ddp"
     # The forward pass: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32", or "bf16" (CUDA only).
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: Precision = "auto"
     # Held-out tasks (JSONL of {"prompt", "answer"}) that gate every publish, from the CLI and from the
     # `policy` asset alike: a version scoring lower than the serving one is `rejected` (trainer.eval_gate).
     eval_tasks: Path | None = None
@@ -73,9 +82,9 @@ class TrainerSettings(Section):
 
 
 class CreditSettings(Section):
-    mode: Literal["identical", "discounted", "per_step", "last_only"] = "identical"
+    mode: CreditMode = "identical"
     gamma: float = Field(1.0, ge=0, le=1)
-    advantage: Literal["grpo", "rloo", "running_baseline", "none"] = "grpo"
+    advantage: AdvantageMode = "grpo"
     normalize_std: bool = True
     agent_pattern: str = "*"
     merge_calls: bool = False
