@@ -1,4 +1,4 @@
-"""Settings: one object read from ``agentlake.toml`` and environment variables.
+"""Loading settings: defaults, the running stack, ``agentlake.toml`` and the environment, merged.
 
 Precedence, lowest first: defaults, the running local stack, ``agentlake.toml`` (in the working
 directory, or the file named by ``AGENTLAKE_CONFIG``), then environment variables. Environment
@@ -8,9 +8,10 @@ Unknown keys and bad values raise ``ConfigError`` naming the key and the source 
 
 The running local stack: ``agentlake up`` writes the addresses it started with (broker, lake,
 collector, gateway, vLLM, Dagster) to ``<state dir>/stack.json``, with the pid and start time of
-each process. Any tool that loads settings takes from it what nothing explicit sets, so
-``dagster asset materialize``, ``agentlake replay`` or ``agentlake model publish`` find the live
-broker with no ``KAFKA_BOOTSTRAP_SERVERS``. A file whose processes are gone is ignored.
+each process (agentlake.stack.discovery; read by ``stack_file``). Any tool that loads settings takes
+from it what nothing explicit sets, so ``dagster asset materialize``, ``agentlake replay`` or
+``agentlake model publish`` find the live broker with no ``KAFKA_BOOTSTRAP_SERVERS``. A file whose
+processes are gone is ignored.
 """
 
 from __future__ import annotations

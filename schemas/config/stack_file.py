@@ -1,6 +1,6 @@
 """The running local stack's file, ``<state dir>/stack.json``: its format and its reader.
 
-``agentlake up`` (agentlake.stack.local) writes the addresses it started with (broker, lake, collector,
+``agentlake up`` (agentlake.stack.discovery) writes the addresses it started with (broker, lake, collector,
 gateway, vLLM, Dagster) and the pid and start time of each process; `agentlake down` removes it.
 Settings loading reads it here, below ``agentlake``, so every tool finds the live stack by itself.
 """
