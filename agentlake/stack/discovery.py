@@ -14,6 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from agentlake.stack import processes
 from schemas.config import Settings
@@ -23,7 +24,7 @@ from schemas.uris import normalize_uri
 
 def write_stack_file(sdir: Path, settings: Settings, bootstrap: str) -> Path:
     """Record the live addresses and processes of the stack under ``sdir`` for every other tool; return the file."""
-    procs = {}
+    procs: dict[str, dict[str, Any]] = {}
     for proc in processes.list_managed(sdir):
         if proc.is_running():
             procs[proc.name] = {"pid": proc.pid, "create_time": proc.create_time, "address": proc.address}
