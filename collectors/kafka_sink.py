@@ -1,6 +1,6 @@
 """``KafkaSink``: the ``RecordSink`` that writes to Kafka with no loss, and a broker liveness probe.
 
-The producer is confluent-kafka (librdkafka), configured by ``KafkaSettings.librdkafka_config``:
+The producer is confluent-kafka (librdkafka), configured by ``schemas.kafka.librdkafka_config``:
 idempotent with ``acks=all`` and retries inside a long delivery timeout, so a broker that stalls for
 a while still gets each record exactly once. ``send`` never blocks the event loop: ``produce``
 appends to librdkafka's queue, its threads do the I/O, and one poll thread per producer serves the
@@ -41,6 +41,7 @@ from collectors.errors import CollectorError, RecordTooLarge, SinkBusy, SinkUnav
 from collectors.records import Record
 from collectors.topic_limits import oversized, record_size, smaller_than_ours, topic_limits
 from schemas.config import KafkaSettings
+from schemas.kafka import librdkafka_config
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class KafkaSink:
         self.pending_bytes = 0
         self.stall_s = stall_s  # a send unacknowledged for longer makes ``problem()`` say so
         self._config = {
-            **settings.librdkafka_config(self.bootstrap, role="producer"),
+            **librdkafka_config(settings, self.bootstrap, role="producer"),
             **PRODUCER_DEFAULTS,
             # Kafka checks a whole batch against max.message.bytes: never fill one past it.
             "batch.size": min(PRODUCER_DEFAULTS["batch.size"], settings.max_message_bytes),

@@ -10,7 +10,6 @@ copied byte for byte instead of being rebuilt field by field.
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime as dt
 import json
 import re
@@ -462,11 +461,3 @@ def reward_records(body: bytes, *, tenant: str, topic: str, received_at_ns: int)
         value = json.dumps(record, default=_json_default, separators=(",", ":")).encode()
         out.append(Record(topic, key.encode(), value, list(headers)))
     return out
-
-
-def decode_hex_id(value: str) -> bytes:
-    """Hex id (as in OTLP JSON and W3C traceparent) to bytes; ``BadRequest`` when it is not hex."""
-    try:
-        return binascii.unhexlify(value)
-    except (binascii.Error, ValueError) as exc:
-        raise BadRequest(f"{value[:40]!r} is not a hex id") from exc

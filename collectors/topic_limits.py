@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from collectors.records import Record
 from schemas.config import KafkaSettings
+from schemas.kafka import kafka_python_config
 
 # A one-record batch beyond its key, value and headers: the v2 batch header (61 bytes) and the
 # record's own varints (at most 21 bytes), plus 5 varint bytes per header for its two lengths.
@@ -49,7 +50,7 @@ def topic_limits(
         return {}
     wait_ms = int(timeout_s * 1000)
     admin = KafkaAdminClient(
-        **settings.client_config(bootstrap), request_timeout_ms=wait_ms, bootstrap_timeout_ms=wait_ms
+        **kafka_python_config(settings, bootstrap), request_timeout_ms=wait_ms, bootstrap_timeout_ms=wait_ms
     )
     try:
         # "all": Tansu reports the configs a topic was created with as defaults, which "modified" skips

@@ -31,14 +31,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import polars as pl
 
+from schemas.config.training import AdvantageMode, CreditMode
 from schemas.topics import DEFAULT_TENANT
 
-CreditMode = Literal["identical", "discounted", "per_step", "last_only"]
-AdvantageMode = Literal["grpo", "rloo", "running_baseline", "none"]
 STD_EPS = 1e-6
 BASELINE_DECAY = 0.9  # running baseline: after ~10 samples, an EMA with this decay
 

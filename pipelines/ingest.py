@@ -55,6 +55,7 @@ from pipelines.decoding import KafkaRecord, decode_reward_event, decode_spans, q
 from pipelines.redact import Redactor, redact_spans
 from schemas.config import KafkaSettings, RedactionSettings
 from schemas.errors import LakeError, LogResetError
+from schemas.kafka import kafka_python_config, librdkafka_config
 from schemas.lake import Lake, unseen_offsets
 from schemas.tables import QUARANTINE, REWARDS, TABLES
 
@@ -171,7 +172,7 @@ def make_consumer(kafka: KafkaSettings) -> Any:
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
-        **kafka.client_config(role="consumer"),
+        **kafka_python_config(kafka, role="consumer"),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -182,9 +183,9 @@ def make_consumer(kafka: KafkaSettings) -> Any:
 def fetch_config(kafka: KafkaSettings, *, prefetch_mb: int = 64) -> dict[str, Any]:
     """librdkafka settings for ingestion; ``prefetch_mb`` bounds what it buffers ahead of decoding.
 
-    Servers, security, CRC checks and size limits come from ``KafkaSettings.librdkafka_config``.
+    Servers, security, CRC checks and size limits come from ``schemas.kafka.librdkafka_config``.
     """
-    cfg = kafka.librdkafka_config(role="consumer")
+    cfg = librdkafka_config(kafka, role="consumer")
     fetch = max(64 << 20, cfg["fetch.max.bytes"])
     cfg.update(
         {

@@ -25,7 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.config import REDACTION_DETECTORS, RedactionSettings
+from schemas.config import RedactionSettings
+from schemas.config.redaction import REDACTION_DETECTORS
 
 JSON_COLUMNS = ("input_messages", "output_messages", "attributes", "resource_attributes")
 TEXT_COLUMNS = ("status_message",)

@@ -24,7 +24,8 @@ from dagster import ConfigurableResource, EnvVar
 
 from pipelines.ingest import make_consumer
 from pipelines.retokenize import Retokenizer, load, tokenizer_dir
-from schemas.config import ENV_PREFIX, CreditSettings, JudgeSettings, KafkaSettings, Settings, load_settings
+from schemas.config import CreditSettings, JudgeSettings, KafkaSettings, Settings, load_settings
+from schemas.config.loading import ENV_PREFIX
 from schemas.errors import ConfigError, LakeError
 from schemas.lake import Lake
 from schemas.storage import is_secret_option

@@ -24,8 +24,6 @@ import pyarrow as pa
 
 from pipelines import keys
 from pipelines.credit import (
-    AdvantageMode,
-    CreditMode,
     RunningBaseline,
     TenantBaselines,
     advantages,
@@ -37,6 +35,7 @@ from pipelines.trajectories import TERMINAL
 from schemas import attributes as A
 from schemas.agent_filter import agent_mask
 from schemas.config import CreditSettings
+from schemas.config.training import AdvantageMode, CreditMode
 from schemas.tables import TRANSITIONS
 
 

@@ -39,25 +39,17 @@ LLM_CHOICE_INDEX = "agentlake.llm.choice_index"  # which choice of an answer wit
 
 # --- OpenTelemetry GenAI semantic conventions (new names, then older ones we still read) ---
 GEN_AI_SYSTEM = "gen_ai.system"
-GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
-GEN_AI_AGENT_ID = "gen_ai.agent.id"
-GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
 GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
-GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
-GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 # older (pre-1.37) names: flattened prompt/completion and usage
-GEN_AI_USAGE_PROMPT_TOKENS_OLD = "gen_ai.usage.prompt_tokens"
-GEN_AI_USAGE_COMPLETION_TOKENS_OLD = "gen_ai.usage.completion_tokens"
 GEN_AI_PROMPT_PREFIX_OLD = "gen_ai.prompt."  # gen_ai.prompt.{i}.role / .content
 GEN_AI_COMPLETION_PREFIX_OLD = "gen_ai.completion."  # gen_ai.completion.{i}.role / .content
 
@@ -70,12 +62,7 @@ OI_LLM_OUTPUT_MESSAGES_PREFIX = "llm.output_messages."
 OI_MESSAGE_ROLE_SUFFIX = "message.role"
 OI_MESSAGE_CONTENT_SUFFIX = "message.content"
 OI_LLM_MODEL_NAME = "llm.model_name"
-OI_LLM_TOKEN_COUNT_PROMPT = "llm.token_count.prompt"
-OI_LLM_TOKEN_COUNT_COMPLETION = "llm.token_count.completion"
 OI_AGENT_NAME = "agent.name"
-OI_SESSION_ID = "session.id"
-OI_INPUT_VALUE = "input.value"
-OI_OUTPUT_VALUE = "output.value"
 
 # --- Agent Lightning -------------------------------------------------------------------------
 AGL_REWARD_SPAN_NAME = "agentlightning.annotation"
@@ -84,7 +71,6 @@ AGL_ROLLOUT_ID = "agentlightning.rollout_id"
 AGL_ATTEMPT_ID = "agentlightning.attempt_id"
 AGL_PROMPT_TOKEN_IDS = "prompt_token_ids"  # written by Agent Lightning's LLM proxy
 AGL_RESPONSE_TOKEN_IDS = "response_token_ids"
-AGL_OPERATION = "agentlightning.operation"
 AGL_REWARD_VALUE_SUFFIX = "value"  # agentlightning.reward.{i}.value
 AGL_REWARD_NAME_SUFFIX = "name"  # agentlightning.reward.{i}.name
 AGL_LEGACY_REWARD = "reward"  # older Agent Lightning reward spans carry a bare "reward" attribute

@@ -109,25 +109,6 @@ def upload_dir(
     return total
 
 
-def download_dir(uri: str, local_dir: str | os.PathLike[str], storage_options: Mapping[str, str] | None = None) -> int:
-    """Copy every file under ``uri`` into ``local_dir``; return the number of files (0: nothing there)."""
-    fs, base = filesystem(uri, storage_options)
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-    out = Path(local_dir)
-    n = 0
-    for info in infos:
-        if info.type != pafs.FileType.File:
-            continue
-        rel = posixpath.relpath(info.path, base)
-        dest = out / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with fs.open_input_stream(info.path) as fin, open(dest, "wb") as fout:
-            while chunk := fin.read(CHUNK):
-                fout.write(chunk)
-        n += 1
-    return n
-
-
 def download_file(
     uri: str,
     dest: str | os.PathLike[str],

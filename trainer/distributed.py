@@ -46,7 +46,7 @@ from trainer.errors import TrainerError
 
 if TYPE_CHECKING:
     from schemas.config import Settings
-    from trainer.ranks import Parallel
+    from schemas.config.training import Parallel
     from trainer.round import RoundResult
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from schemas.config import Settings, policy_served_name
+from schemas.config import Settings
+from schemas.config.serving import policy_served_name
 from schemas.lake import Lake
 from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint

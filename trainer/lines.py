@@ -19,7 +19,8 @@ import logging
 from typing import Any
 
 from schemas.agent_filter import matching_agents
-from schemas.config import Settings, policy_served_name
+from schemas.config import Settings
+from schemas.config.serving import policy_served_name
 from trainer.round import RoundResult, count_pending, train_once
 
 log = logging.getLogger(__name__)

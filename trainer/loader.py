@@ -61,6 +61,7 @@ from typing import Any
 
 from schemas.config import KafkaSettings, Settings
 from schemas.errors import AgentlakeError
+from schemas.kafka import kafka_python_config
 from schemas.manifest import ManifestHashes
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
@@ -391,12 +392,12 @@ class Loader:
 
         stop = stop or threading.Event()
         consumer = KafkaConsumer(
-            **self.kafka.client_config(role="consumer"),
+            **kafka_python_config(self.kafka, role="consumer"),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.poll_ms,
         )
-        producer = KafkaProducer(**self.kafka.client_config(role="producer"), acks="all", linger_ms=0)
+        producer = KafkaProducer(**kafka_python_config(self.kafka, role="producer"), acks="all", linger_ms=0)
         try:
             self._assign(consumer, stop)
             self._base_folder = self._base_folder or self._first_base()

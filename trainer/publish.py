@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.config import KafkaSettings, Settings, policy_served_name
+from schemas.config import KafkaSettings, Settings
+from schemas.config.serving import policy_served_name
 from schemas.lake import Lake
 from trainer.artifacts import local_copy
 from trainer.canary import ask_canary

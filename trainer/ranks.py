@@ -11,15 +11,16 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
+from schemas.config.training import Parallel
+
 TIMEOUT = timedelta(minutes=10)  # a collective waiting longer than this fails the job (the peers are gone)
 
 T = TypeVar("T")
-Parallel = Literal["ddp", "fsdp"]
 
 _parallel: Parallel = "ddp"  # this job's strategy; set by process_group
 

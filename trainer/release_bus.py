@@ -27,6 +27,7 @@ from typing import Any
 
 from schemas.config import KafkaSettings
 from schemas.errors import AgentlakeError
+from schemas.kafka import kafka_python_config
 from schemas.tables import MODEL_RELEASE_ACK
 from schemas.validation import validate_record
 from trainer.errors import PublishError
@@ -119,7 +120,7 @@ def wait_for_acks(
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
-        **kafka.client_config(role="consumer"),
+        **kafka_python_config(kafka, role="consumer"),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=poll_ms,

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from schemas import topics
 from schemas.config import KafkaSettings
+from schemas.kafka import kafka_python_config
 from schemas.tables import MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
 
@@ -91,7 +92,7 @@ def send_json(
 
     value, headers = encode(record, schema)
     try:
-        producer = KafkaProducer(**kafka.client_config(role="producer"), acks="all", request_timeout_ms=15_000)
+        producer = KafkaProducer(**kafka_python_config(kafka, role="producer"), acks="all", request_timeout_ms=15_000)
         try:
             producer.send(topic, key=key.encode(), value=value, headers=headers).get(timeout=20)
         finally:

@@ -39,7 +39,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.config import Settings, policy_served_name
+from schemas.config import Settings
+from schemas.config.serving import policy_served_name
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from schemas.config import policy_served_name
+from schemas.config.serving import policy_served_name
 from schemas.lake import Lake
 from schemas.tables import SERVED_VERSIONS
 

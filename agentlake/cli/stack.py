@@ -12,7 +12,8 @@ from agentlake.cli.app import ConfigOption, app, console, handle_errors, setting
 from agentlake.stack import local
 from agentlake.stack.dagster import NO_POSTGRES_WARNING
 from agentlake.stack.health import gateway_spill
-from schemas.config import Settings, stack_file
+from schemas.config import Settings
+from schemas.config.stack_file import stack_file
 
 
 class Profile(StrEnum):

@@ -89,7 +89,7 @@ def _echo(line: str) -> None:
 
 def _report(settings: Settings, result: RoundResult, *, publish: bool) -> None:
     """Print one line's round and publish its new version when asked."""
-    from schemas.config import policy_served_name
+    from schemas.config.serving import policy_served_name
 
     name = policy_served_name(settings.model.served_name, result.agent)
     line = f"{name}: " if result.agent else ""

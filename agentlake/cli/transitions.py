@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 import typer
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
+from schemas.config.training import AdvantageMode
 
 transitions_app = typer.Typer(
     name="transitions",
@@ -17,7 +18,7 @@ transitions_app = typer.Typer(
 app.add_typer(transitions_app, name="transitions")
 
 _MODES = ("identical", "discounted", "per_step", "last_only")
-_ADVANTAGES = ("grpo", "rloo", "running_baseline", "none")
+_ADVANTAGES = get_args(AdvantageMode)
 
 
 def _credit(base: Any, **changes: Any) -> Any:  # noqa: ANN401 - schemas.config.CreditSettings, imported lazily

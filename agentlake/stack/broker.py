@@ -24,6 +24,7 @@ from pathlib import Path
 from agentlake.stack.ports import free_port, wait_for_port
 from agentlake.stack.processes import StackError
 from schemas.config import KafkaSettings
+from schemas.kafka import kafka_python_config
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def ensure_topics(
         try:
             wait_ms = int(min(10.0, max(1.0, deadline - time.monotonic())) * 1000)
             admin = KafkaAdminClient(
-                **settings.client_config(bootstrap), request_timeout_ms=10_000, bootstrap_timeout_ms=wait_ms
+                **kafka_python_config(settings, bootstrap), request_timeout_ms=10_000, bootstrap_timeout_ms=wait_ms
             )
             try:
                 existing = set(admin.list_topics())

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from schemas.config import KafkaSettings, TlsServerSettings
+from schemas.kafka import kafka_python_config
 
 
 def http_ok(url: str, *, timeout_s: float = 2.0) -> bool:
@@ -89,7 +90,7 @@ def kafka_ok(settings: KafkaSettings, bootstrap: str, *, timeout_s: float = 5.0)
 
     try:
         admin = KafkaAdminClient(
-            **settings.client_config(bootstrap),
+            **kafka_python_config(settings, bootstrap),
             request_timeout_ms=int(timeout_s * 1000),
             bootstrap_timeout_ms=int(timeout_s * 1000),
         )

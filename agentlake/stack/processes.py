@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from schemas.errors import AgentlakeError
+from schemas.processes import process_alive
 
 
 class StackError(AgentlakeError):
@@ -35,11 +36,7 @@ class ManagedProcess:
     log: str
 
     def is_running(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return abs(proc.create_time() - self.create_time) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return process_alive(self.pid, self.create_time)
 
 
 def run_dir(state_dir: Path) -> Path:

@@ -19,6 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collectors.kafka_sink import KafkaSink
 from schemas.config import Settings
+from schemas.kafka import kafka_python_config
 from tests.collectors.helpers import read_topic, running_collector, spans_of
 
 pytestmark = pytest.mark.kafka
@@ -90,7 +91,7 @@ def test_a_topic_smaller_than_our_limit_is_respected(settings: Settings) -> None
 
     k = settings.kafka
     topic = f"{k.spans_topic}.small"
-    admin = KafkaAdminClient(**k.client_config(), request_timeout_ms=10_000)
+    admin = KafkaAdminClient(**kafka_python_config(k), request_timeout_ms=10_000)
     try:
         admin.create_topics([NewTopic(topic, 2, 1, topic_configs={"max.message.bytes": "32768"})])
     finally:

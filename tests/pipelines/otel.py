@@ -18,6 +18,7 @@ from opentelemetry.trace import Status, StatusCode, set_span_in_context
 from schemas import attributes as A
 from schemas import topics
 from schemas.config import KafkaSettings
+from schemas.kafka import kafka_python_config
 
 MS = 1_000_000  # ns
 
@@ -172,7 +173,7 @@ def produce(kafka: KafkaSettings, topic: str, records: Sequence[dict[str, Any]])
     """Produce with kafka-python, acks=all, the way the collector does."""
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(**kafka.client_config(), acks="all", linger_ms=5)
+    producer = KafkaProducer(**kafka_python_config(kafka), acks="all", linger_ms=5)
     try:
         for rec in records:
             producer.send(topic, key=rec["key"], value=rec["value"], headers=rec["headers"])

@@ -20,6 +20,7 @@ from agentlake.stack.broker import LocalBroker, ensure_topics
 from pipelines.ingest import accept_reset, app_id, ingest
 from schemas.config import KafkaSettings
 from schemas.errors import LogResetError
+from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, span_record
 from tests.topics import fresh_kafka
@@ -42,7 +43,7 @@ def _send(k: KafkaSettings, recs: list[dict]) -> None:
     """Round-robin over the partitions, so every partition's watermark is known to the test."""
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(**k.client_config(), acks="all", linger_ms=5)
+    producer = KafkaProducer(**kafka_python_config(k), acks="all", linger_ms=5)
     try:
         for i, r in enumerate(recs):
             producer.send(k.spans_topic, key=r["key"], value=r["value"], headers=r["headers"], partition=i % PARTITIONS)
@@ -143,7 +144,7 @@ def test_recreated_topic_is_detected(kafka_bootstrap: str, tmp_path: Path) -> No
     _send(k, old)
     assert ingest(lake, k, "spans", workers=0).rows == old_spans
 
-    admin = KafkaAdminClient(**k.client_config(), request_timeout_ms=10_000)
+    admin = KafkaAdminClient(**kafka_python_config(k), request_timeout_ms=10_000)
     try:
         admin.delete_topics([k.spans_topic])
     finally:

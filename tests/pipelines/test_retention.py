@@ -14,7 +14,8 @@ from pipelines.automation import compact_and_vacuum
 from pipelines.forget import TIME_COLUMNS, honour, recorded
 from pipelines.resources import resources_from_settings
 from pipelines.retention import maintain
-from schemas.config import RETENTION_TABLES, load_settings
+from schemas.config import load_settings
+from schemas.config.lake import RETENTION_TABLES
 from schemas.errors import ConfigError
 from schemas.lake import Lake
 from schemas.tables import TABLES

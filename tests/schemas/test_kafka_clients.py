@@ -1,6 +1,6 @@
 """One place builds both Kafka clients' configs: the same settings reach kafka-python and librdkafka.
 
-Pure tests of ``KafkaSettings.client_config`` / ``librdkafka_config``, then the real clients built from
+Pure tests of ``schemas.kafka.kafka_python_config`` / ``librdkafka_config``, then the real clients built from
 them (their constructors reject unknown keys; librdkafka loads the TLS files when it is created),
 then every construction site of the codebase built from SASL_SSL settings with real files.
 """
@@ -14,6 +14,7 @@ import pytest
 
 from schemas.config import KafkaSettings, Settings, load_settings
 from schemas.errors import ConfigError
+from schemas.kafka import kafka_python_config, librdkafka_config
 from tests.tls import KEY_PASSWORD, TlsFiles, make_tls_files
 
 pytest.importorskip("cryptography")
@@ -78,8 +79,8 @@ def kafka(tls: TlsFiles, case: str, **extra: Any) -> KafkaSettings:
 @pytest.mark.parametrize("case", CASES)
 def test_both_clients_get_the_same_security(tls: TlsFiles, case: str) -> None:
     k = kafka(tls, case)
-    py = k.client_config()
-    rd = k.librdkafka_config()
+    py = kafka_python_config(k)
+    rd = librdkafka_config(k)
     assert py["bootstrap_servers"] == ["broker-a:9093", "broker-b:9093"]
     assert rd["bootstrap.servers"] == "broker-a:9093,broker-b:9093"
     for py_key, rd_key in SAME.items():
@@ -103,20 +104,22 @@ def test_both_clients_get_the_same_security(tls: TlsFiles, case: str) -> None:
 
 def test_sizes_and_crcs_follow_one_setting() -> None:
     k = KafkaSettings(max_message_bytes=3_000_000)
-    assert k.client_config(role="producer")["max_request_size"] == 3_000_000
-    consumer = k.client_config(role="consumer")
+    assert kafka_python_config(k, role="producer")["max_request_size"] == 3_000_000
+    consumer = kafka_python_config(k, role="consumer")
     assert consumer["check_crcs"] is True
     assert consumer["max_partition_fetch_bytes"] >= 3_000_000 and consumer["fetch_max_bytes"] >= 3_000_000
-    rd = k.librdkafka_config(role="consumer")
+    rd = librdkafka_config(k, role="consumer")
     assert rd["check.crcs"] is True and rd["message.max.bytes"] == 3_000_000
     assert rd["fetch.max.bytes"] >= 3_000_000 and rd["max.partition.fetch.bytes"] >= 3_000_000
     assert rd["receive.message.max.bytes"] >= rd["fetch.max.bytes"] + 512  # librdkafka's own rule
-    assert k.librdkafka_config(role="producer")["message.max.bytes"] == 3_000_000
+    assert librdkafka_config(k, role="producer")["message.max.bytes"] == 3_000_000
     assert k.topic_configs()["max.message.bytes"] == "3000000"
-    assert "max_request_size" not in k.client_config() and "check_crcs" not in k.client_config(role="producer")
+    assert "max_request_size" not in kafka_python_config(k) and "check_crcs" not in kafka_python_config(
+        k, role="producer"
+    )
     big = KafkaSettings(max_message_bytes=200 << 20)
-    assert big.librdkafka_config(role="consumer")["fetch.max.bytes"] >= 200 << 20
-    assert KafkaSettings(check_crcs=False).client_config(role="consumer")["check_crcs"] is False
+    assert librdkafka_config(big, role="consumer")["fetch.max.bytes"] >= 200 << 20
+    assert kafka_python_config(KafkaSettings(check_crcs=False), role="consumer")["check_crcs"] is False
 
 
 def test_defaults_fit_the_collectors_largest_body() -> None:
@@ -152,9 +155,9 @@ def test_inconsistent_security_is_a_config_error(values: dict[str, Any], needle:
 
 def test_a_missing_tls_file_is_named(tmp_path: Path) -> None:
     k = KafkaSettings(security_protocol="SSL", ssl_cafile=str(tmp_path / "nope.pem"))
-    for build in (k.client_config, k.librdkafka_config):
+    for build in (kafka_python_config, librdkafka_config):
         with pytest.raises(ConfigError, match=r"kafka\.ssl_cafile: .*nope\.pem is not a file"):
-            build()
+            build(k)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -166,8 +169,8 @@ def test_real_clients_accept_the_configs(tls: TlsFiles, case: str) -> None:
 
     k = kafka(tls, case)
     pinned = {"api_version": (2, 8)}  # no broker to ask: construction must not connect
-    producer = KafkaProducer(**k.client_config(role="producer"), **pinned)
-    consumer = KafkaConsumer(**k.client_config(role="consumer"), **pinned)
+    producer = KafkaProducer(**kafka_python_config(k, role="producer"), **pinned)
+    consumer = KafkaConsumer(**kafka_python_config(k, role="consumer"), **pinned)
     try:
         assert producer.config["max_request_size"] == k.max_message_bytes
         assert consumer.config["check_crcs"] is True
@@ -177,9 +180,9 @@ def test_real_clients_accept_the_configs(tls: TlsFiles, case: str) -> None:
     finally:
         producer.close(timeout=0)
         consumer.close()
-    Producer(k.librdkafka_config(role="producer"))
-    Consumer({**k.librdkafka_config(role="consumer"), "group.id": "t"}).close()
-    AdminClient(k.librdkafka_config(role="admin"))
+    Producer(librdkafka_config(k, role="producer"))
+    Consumer({**librdkafka_config(k, role="consumer"), "group.id": "t"}).close()
+    AdminClient(librdkafka_config(k, role="admin"))
 
 
 def test_librdkafka_reads_the_files_it_is_given(tls: TlsFiles, tmp_path: Path) -> None:
@@ -191,10 +194,10 @@ def test_librdkafka_reads_the_files_it_is_given(tls: TlsFiles, tmp_path: Path) -
     for key, location in (("ssl_cafile", "ssl.ca.location"), ("ssl_keyfile", "ssl.key.location")):
         k = kafka(tls, "mtls-no-hostname-check").model_copy(update={key: str(bad)})
         with pytest.raises(KafkaException, match=location):
-            Consumer({**k.librdkafka_config(), "group.id": "t"})
+            Consumer({**librdkafka_config(k), "group.id": "t"})
     wrong_password = kafka(tls, "mtls-no-hostname-check").model_copy(update={"ssl_key_password": "wrong"})
     with pytest.raises(KafkaException, match="ssl.key.location"):
-        Consumer({**wrong_password.librdkafka_config(), "group.id": "t"})
+        Consumer({**librdkafka_config(wrong_password), "group.id": "t"})
 
 
 def test_every_construction_site_uses_the_settings(
@@ -218,7 +221,7 @@ def test_every_construction_site_uses_the_settings(
         },
     )
     k = s.kafka
-    security = {key: v for key, v in k.librdkafka_config(role="producer").items() if key != "bootstrap.servers"}
+    security = {key: v for key, v in librdkafka_config(k, role="producer").items() if key != "bootstrap.servers"}
     for sink in (CollectorServer(s).sink, GatewayServer(s).sink):
         cfg = sink.producer_config  # type: ignore[attr-defined]
         assert {key: cfg[key] for key in security} == security
@@ -232,7 +235,7 @@ def test_every_construction_site_uses_the_settings(
     monkeypatch.setenv("AGENTLAKE_KAFKA__SSL_KEY_PASSWORD", KEY_PASSWORD)
     assert resource.settings() == k
     fetch = fetch_config(resource.settings())
-    for key, value in k.librdkafka_config(role="consumer").items():
+    for key, value in librdkafka_config(k, role="consumer").items():
         if key.endswith(".bytes"):  # ingestion may fetch more at once, never less
             assert fetch[key] >= value, key
         else:

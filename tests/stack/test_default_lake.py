@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from agentlake.stack import local, objectstore
 from agentlake.stack.ports import free_port
-from schemas.config import STACK_FILE_VERSION, load_settings, stack_file
+from schemas.config import load_settings
+from schemas.config.stack_file import STACK_FILE_VERSION, stack_file
 from schemas.errors import LakeError
 from schemas.lake import Lake
 from schemas.tables import SPANS

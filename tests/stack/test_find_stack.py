@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from agentlake.stack.ports import free_port
-from schemas.config import STACK_FILE_VERSION, load_settings, stack_file
+from schemas.config import load_settings
+from schemas.config.stack_file import STACK_FILE_VERSION, stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,6 +20,7 @@ import pytest
 from agentlake.stack.broker import ensure_topics
 from agentlake.stack.processes import StackError
 from schemas.config import KafkaSettings
+from schemas.kafka import kafka_python_config, librdkafka_config
 
 pytestmark = pytest.mark.kafka
 
@@ -40,7 +41,7 @@ def settings(bootstrap: str, **values: Any) -> KafkaSettings:
 def admin(kafka_bootstrap: str) -> Iterator[Any]:
     from kafka import KafkaAdminClient
 
-    client = KafkaAdminClient(**KafkaSettings().client_config(kafka_bootstrap), request_timeout_ms=10_000)
+    client = KafkaAdminClient(**kafka_python_config(KafkaSettings(), kafka_bootstrap), request_timeout_ms=10_000)
     yield client
     client.close()
 
@@ -73,7 +74,7 @@ def test_librdkafka_reads_the_same_configs(kafka_bootstrap: str) -> None:
 
     k = settings(kafka_bootstrap)
     ensure_topics(k, kafka_bootstrap, [k.spans_topic])
-    client = AdminClient(k.librdkafka_config(role="admin"))
+    client = AdminClient(librdkafka_config(k, role="admin"))
     (future,) = client.describe_configs([ConfigResource("topic", k.spans_topic)]).values()
     configs = {name: entry.value for name, entry in future.result(timeout=10).items()}
     assert configs["max.message.bytes"] == str(k.max_message_bytes) == str((16 << 20) + (64 << 10))

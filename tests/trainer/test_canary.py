@@ -21,6 +21,7 @@ import pytest
 from agentlake.stack.ports import free_port
 from schemas import topics
 from schemas.config import Settings
+from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
@@ -155,7 +156,7 @@ def _models_topic(settings: Settings) -> list[dict[str, Any]]:
     """Every record on the settings' models topic, validated."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(**settings.kafka.client_config(role="consumer"), enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_python_config(settings.kafka, role="consumer"), enable_auto_commit=False)
     try:
         tps = [
             TopicPartition(settings.kafka.models_topic, p)

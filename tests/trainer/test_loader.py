@@ -18,6 +18,7 @@ import pytest
 
 from agentlake.stack.ports import free_port
 from schemas.config import Settings
+from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
 from tests.trainer.helpers import register_stored
 from trainer.artifacts import store_version
@@ -83,7 +84,7 @@ def test_on_start_the_latest_command_per_served_name_is_applied(settings: Settin
     for event in sent:
         assert send_release_event(settings.kafka, event) is None
     loader = _loader(settings, "r1", tmp_path)
-    consumer = KafkaConsumer(**settings.kafka.client_config(role="consumer"), enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_python_config(settings.kafka, role="consumer"), enable_auto_commit=False)
     try:
         loader._assign(consumer, threading.Event())
         events = loader._catch_up(consumer)
@@ -218,7 +219,7 @@ def _commands(settings: Settings) -> list[dict[str, Any]]:
     from kafka import KafkaConsumer
 
     loader = _loader(settings, "reader", Path("/nonexistent"))
-    consumer = KafkaConsumer(**settings.kafka.client_config(role="consumer"), enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_python_config(settings.kafka, role="consumer"), enable_auto_commit=False)
     try:
         loader._assign(consumer, threading.Event())
         return [e for e in loader._catch_up(consumer) if e["status"] in ("release", "unload")]

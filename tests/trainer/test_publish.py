@@ -15,6 +15,7 @@ import pytest
 
 from agentlake.stack.ports import free_port
 from schemas.config import Settings
+from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
 from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
@@ -50,7 +51,7 @@ def two_versions(lake: Path, tiny_model_dir: Path) -> Registry:
 def _events(settings: Settings) -> list[dict[str, Any]]:
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(**settings.kafka.client_config(), enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_python_config(settings.kafka), enable_auto_commit=False)
     parts = [TopicPartition(settings.kafka.models_topic, p) for p in range(settings.kafka.partitions)]
     consumer.assign(parts)
     consumer.seek_to_beginning(*parts)

@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from collectors.gateway.serve import GatewayServer
 from schemas.config import Settings
+from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
 from schemas.storage import read_bytes, write_bytes
 from schemas.uris import table_uri
@@ -135,7 +136,7 @@ def _commands(settings: Settings) -> list[tuple[str, str, list[str], dt.datetime
     from kafka import KafkaConsumer
 
     reader = Loader(kafka=settings.kafka, replica="reader", vllm_url="", cache_dir=Path("/nonexistent"))
-    consumer = KafkaConsumer(**settings.kafka.client_config(role="consumer"), enable_auto_commit=False)
+    consumer = KafkaConsumer(**kafka_python_config(settings.kafka, role="consumer"), enable_auto_commit=False)
     try:
         reader._assign(consumer, threading.Event())
         events = reader._catch_up(consumer)
