@@ -6,6 +6,6 @@
 over Arrow/Polars that tests and the CLI call directly.
 """
 
-from pipelines.definitions import defs
+from pipelines.defs.definitions import defs
 
 __all__ = ["defs"]

@@ -55,8 +55,8 @@ def rebuild(
 
     The main `transitions` table is left alone; train on the variant with `agentlake train --table`.
     """
-    from pipelines.retokenize import policy_retokenizer
-    from pipelines.variants import rebuild_variant
+    from pipelines.gold.retokenize import policy_retokenizer
+    from pipelines.gold.variants import rebuild_variant
     from schemas.lake import Lake
 
     if mode is not None and mode not in _MODES:
@@ -88,7 +88,7 @@ def rebuild(
 @handle_errors
 def list_variants(config: str | None = ConfigOption) -> None:
     """List the variants built in the lake, each with its version, rows and credit settings."""
-    from pipelines.variants import describe, variant_names
+    from pipelines.gold.variants import describe, variant_names
     from schemas.lake import Lake
 
     lake = Lake.from_settings(settings_or_exit(config))
@@ -116,7 +116,7 @@ def show(
     config: str | None = ConfigOption,
 ) -> None:
     """Print a variant's version, rows and the credit settings it was built with."""
-    from pipelines.variants import describe
+    from pipelines.gold.variants import describe
     from schemas.lake import Lake
 
     s = settings_or_exit(config)

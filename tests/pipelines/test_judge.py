@@ -26,13 +26,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.forget import Selector, execute
-from pipelines.incremental import update_trajectories
-from pipelines.judging.client import JudgeClient, JudgeUnavailableError
-from pipelines.judging.judge import LlmJudge, fingerprint
-from pipelines.judging.prompt import JudgeAnswerError, answer_schema, build_messages, cut, parse, ranks
-from pipelines.reward_functions import _chunks, affected_groups, group_members, score_trajectories
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.lake.forget import Selector, execute
+from pipelines.silver.judging.client import JudgeClient, JudgeUnavailableError
+from pipelines.silver.judging.judge import LlmJudge, fingerprint
+from pipelines.silver.judging.prompt import JudgeAnswerError, answer_schema, build_messages, cut, parse, ranks
+from pipelines.silver.reward_functions import _chunks, affected_groups, group_members, score_trajectories
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import JudgeSettings, load_settings
 from schemas.errors import ConfigError
 from tests.fixtures_vllm import VllmServer
