@@ -31,22 +31,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pipelines import keys
+from pipelines.errors import VariantError
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.transitions import build
 from pipelines.gold.transitions_step import BASELINE_KEY
 from pipelines.steps import group_chunks
 from schemas.config import CreditSettings
-from schemas.errors import LakeError
 from schemas.lake import Lake
 from schemas.storage import filesystem
 from schemas.tables import CREDIT_METADATA_KEY, TRANSITIONS, VARIANT_SEPARATOR, base_table, transitions_variant
 
 MAIN_NAMES = ("main", "transitions")  # names that would mean the pipeline's own table
 TRAJECTORIES_VERSION_KEY = "agentlake.trajectories_version"  # variant commit metadata: the version it read
-
-
-class VariantError(LakeError):
-    """A variant could not be built: a bad name, the main table named, or no trajectories yet."""
 
 
 @dataclass

@@ -27,8 +27,8 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties
 
+from pipelines.errors import UnknownTenantError
 from schemas import topics
-from schemas.errors import AgentlakeError
 from schemas.lake import Lake, in_list, sql_string
 from schemas.tables import DELETIONS, base_table, transitions_variant
 
@@ -56,10 +56,6 @@ def parse_before(text: str) -> dt.datetime:
     except ValueError:
         raise ValueError(f"{text!r} is not a date (YYYY-MM-DD) or an ISO 8601 time") from None
     return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
-
-
-class UnknownTenantError(AgentlakeError):
-    """No table holds a row of the tenant: nothing was deleted (a typo, or data not ingested yet)."""
 
 
 @dataclass(frozen=True)

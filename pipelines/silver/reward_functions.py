@@ -42,9 +42,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import polars as pl
 
 from pipelines import keys
+from pipelines.errors import RewardFunctionError
 from pipelines.silver.trajectories import TERMINAL, latest_terminal_attempts
 from schemas import attributes as A
-from schemas.errors import LakeError
 from schemas.lake import Lake, in_list
 from schemas.tables import REWARDS, TRAJECTORIES
 
@@ -79,10 +79,6 @@ class GroupRewardFunction(Protocol):
 
 
 AnyRewardFunction = RewardFunction | GroupRewardFunction
-
-
-class RewardFunctionError(LakeError):
-    """A reward module or function that cannot be used as it is."""
 
 
 def source_of(fn: AnyRewardFunction) -> str:

@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.errors import VariantError
 from pipelines.gold.transitions import build
 from pipelines.gold.transitions_step import update_transitions
-from pipelines.gold.variants import VariantError, default_name, describe, rebuild_variant, variant_names, variant_table
+from pipelines.gold.variants import default_name, describe, rebuild_variant, variant_names, variant_table
 from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import CreditSettings
 from schemas.lake import Lake

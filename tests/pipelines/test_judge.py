@@ -27,10 +27,11 @@ from hypothesis import strategies as st
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.errors import JudgeAnswerError, JudgeUnavailableError
 from pipelines.lake.forget import Selector, execute
-from pipelines.silver.judging.client import JudgeClient, JudgeUnavailableError
+from pipelines.silver.judging.client import JudgeClient
 from pipelines.silver.judging.judge import LlmJudge, fingerprint
-from pipelines.silver.judging.prompt import JudgeAnswerError, answer_schema, build_messages, cut, parse, ranks
+from pipelines.silver.judging.prompt import answer_schema, build_messages, cut, parse, ranks
 from pipelines.silver.reward_functions import _chunks, affected_groups, group_members, score_trajectories
 from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import JudgeSettings, load_settings

@@ -23,8 +23,9 @@ from agentlake import Trajectory, reward_fn
 from pipelines.bronze.decoding import KafkaRecord, decode_reward_event, decode_spans
 from pipelines.defs.assets import reward_functions, transitions
 from pipelines.defs.resources import CreditResource, LakeResource, TokenizerResource
+from pipelines.errors import RewardFunctionError
 from pipelines.silver.identity import resolve_rollouts
-from pipelines.silver.reward_functions import RewardFunctionError, load, reward_id, score_trajectories, scored_rewards
+from pipelines.silver.reward_functions import load, reward_id, score_trajectories, scored_rewards
 from pipelines.silver.trajectories import assemble
 from pipelines.silver.trajectories_step import update_trajectories
 from schemas.lake import Lake

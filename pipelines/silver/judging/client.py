@@ -16,11 +16,7 @@ from typing import Any
 import httpx
 from opentelemetry import context as otel_context
 
-from schemas.errors import AgentlakeError
-
-
-class JudgeUnavailableError(AgentlakeError):
-    """The judge's model server cannot answer (unreachable, or it refused the request); nothing was judged."""
+from pipelines.errors import JudgeUnavailableError
 
 
 class JudgeClient:

@@ -19,16 +19,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipelines.errors import JudgeAnswerError
 from schemas.messages import parse_messages
 
 # Bump when the prompt's wording or the answer's format changes: it is part of every judgement's key,
 # so a changed prompt is a new question and is asked again.
 PROMPT_VERSION = "1"
 _REASON_CHARS = 120  # the most the judge may say about one trajectory (a small model would ramble on)
-
-
-class JudgeAnswerError(ValueError):
-    """The judge's answer is not the JSON asked for; the message says what is wrong (it is shown to the judge)."""
 
 
 def _content(value: Any) -> str:
