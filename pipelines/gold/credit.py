@@ -11,7 +11,8 @@ rollout's final reward):
 
 Advantages are computed per rollout from its score S (R, or G_0 for per_step) against its group
 (the task of its tenant): GRPO (S-mean)/std, RLOO S-mean(others), a running baseline S-b for
-single-sample production traffic (one per (tenant, agent)), or none; then broadcast to the calls as
+single-sample production traffic (one per (tenant, agent)), or none (each an estimator registered by
+name in `pipelines.gold.estimators`, where a new one plugs in); then broadcast to the calls as
 A·w_t, or for per_step (G_t-b)/s. Groups and baselines never span tenants: one tenant's rewards
 cannot move another's advantages.
 
@@ -28,19 +29,17 @@ arrives after its default advances it then, once.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 import polars as pl
 
+from pipelines.gold.baselines import RunningBaseline, TenantBaselines
+from pipelines.gold.estimators import EstimatorOptions, get_estimator
 from schemas.topics import DEFAULT_TENANT
 
 CreditMode = Literal["identical", "discounted", "per_step", "last_only"]
-AdvantageMode = Literal["grpo", "rloo", "running_baseline", "none"]
-STD_EPS = 1e-6
-BASELINE_DECAY = 0.9  # running baseline: after ~10 samples, an EMA with this decay
+AdvantageMode = str  # the name of an estimator in `pipelines.gold.estimators`
 
 
 def match_first_occurrence(call_ends: Sequence[int], reward_times: Sequence[int]) -> list[int | None]:
@@ -55,91 +54,6 @@ def match_first_occurrence(call_ends: Sequence[int], reward_times: Sequence[int]
             out[i] = j
             break
     return out
-
-
-@dataclass
-class RunningBaseline:
-    """State of the running baseline, carried from one run to the next in Delta commit metadata."""
-
-    value: float = 0.0
-    count: int = 0
-
-    def peek(self) -> float:
-        """The baseline a score would be compared with now (0 before any)."""
-        return self.value if self.count else 0.0
-
-    def advance(self, score: float) -> float:
-        """Return the baseline for ``score`` (before seeing it), then update."""
-        before = self.peek()
-        self.count += 1
-        rate = max(1.0 / self.count, 1.0 - BASELINE_DECAY)
-        self.value = self.value + rate * (score - self.value) if self.count > 1 else score
-        return before
-
-    def to_json(self) -> str:
-        return json.dumps({"value": self.value, "count": self.count})
-
-    @classmethod
-    def from_json(cls, text: str | None) -> RunningBaseline:
-        if not text:
-            return cls()
-        d = json.loads(text)
-        return cls(float(d["value"]), int(d["count"]))
-
-
-@dataclass
-class TenantBaselines:
-    """One running baseline per (tenant, agent): one tenant's rewards never move another's
-    advantages, and agents of one tenant, whose rewards differ in scale, are not compared with each other.
-
-    Saved as the single baseline was (``value``, ``count``: the default tenant's rollouts without an
-    agent name), the other tenants' agent-less baselines under ``tenants`` and the agents' under
-    ``agents`` (tenant -> agent -> state): a lake from before keeps its baseline, which goes on
-    serving rollouts without an agent; each agent's starts empty.
-    """
-
-    by_tenant: dict[str, RunningBaseline] = field(default_factory=dict)
-    by_agent: dict[tuple[str, str], RunningBaseline] = field(default_factory=dict)
-
-    def of(self, tenant: str, agent: str | None = None) -> RunningBaseline:
-        """The baseline of ``agent`` in ``tenant`` (without an agent: the tenant's), started empty when new."""
-        if agent is None:
-            return self.by_tenant.setdefault(tenant, RunningBaseline())
-        return self.by_agent.setdefault((tenant, agent), RunningBaseline())
-
-    def peek(self, tenant: str, agent: str | None = None) -> float:
-        """What a score of ``agent`` in ``tenant`` would be compared with now; records nothing."""
-        found = self.by_tenant.get(tenant) if agent is None else self.by_agent.get((tenant, agent))
-        return found.peek() if found is not None else 0.0
-
-    def to_json(self) -> str:
-        default = self.by_tenant.get(DEFAULT_TENANT, RunningBaseline())
-        out: dict[str, object] = {"value": default.value, "count": default.count}
-        others = {t: {"value": b.value, "count": b.count} for t, b in sorted(self.by_tenant.items())}
-        others.pop(DEFAULT_TENANT, None)
-        if others:
-            out["tenants"] = others
-        agents: dict[str, dict[str, dict[str, float | int]]] = {}
-        for (tenant, agent), b in sorted(self.by_agent.items()):
-            agents.setdefault(tenant, {})[agent] = {"value": b.value, "count": b.count}
-        if agents:
-            out["agents"] = agents
-        return json.dumps(out)
-
-    @classmethod
-    def from_json(cls, text: str | None) -> TenantBaselines:
-        if not text:
-            return cls()
-        d = json.loads(text)
-        out = cls()
-        if int(d.get("count", 0)):
-            out.by_tenant[DEFAULT_TENANT] = RunningBaseline(float(d["value"]), int(d["count"]))
-        for tenant, b in (d.get("tenants") or {}).items():
-            out.by_tenant[tenant] = RunningBaseline(float(b["value"]), int(b["count"]))
-        for tenant, agents in (d.get("agents") or {}).items():
-            for agent, b in agents.items():
-                out.by_agent[(tenant, agent)] = RunningBaseline(float(b["value"]), int(b["count"]))
-        return out
 
 
 def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.DataFrame:
@@ -175,20 +89,6 @@ def assign_credit(calls: pl.DataFrame, mode: CreditMode, gamma: float) -> pl.Dat
             weight=pl.lit(1.0), score=pl.col("return").filter(pl.col("step") == 0).first().over("_attempt")
         )
     raise ValueError(f"unknown credit mode {mode!r}; expected identical, discounted, per_step or last_only")
-
-
-def _running(
-    state: RunningBaseline | TenantBaselines,
-    tenant: str,
-    agent: str | None,
-    score: float,
-    *,
-    default: bool,
-) -> float:
-    """The baseline ``score`` is compared with; a real score then advances it, a default one does not."""
-    if isinstance(state, TenantBaselines):
-        return state.peek(tenant, agent) if default else state.of(tenant, agent).advance(score)
-    return state.peek() if default else state.advance(score)
 
 
 def advantages(
@@ -229,47 +129,8 @@ def advantages(
         agent.alias("_agent"),
         default.alias("_default"),
     )
-    if mode == "grpo":
-        stats = rollouts.group_by(group).agg(
-            pl.col("score").mean().alias("_b"),
-            pl.col("score").std(ddof=1).alias("_sd"),
-            pl.len().alias("_n"),
-        )
-        rollouts = rollouts.join(stats, on=group).with_columns(
-            pl.when(pl.col("_n") > 1).then(pl.col("_b")).otherwise(pl.col("score")).alias("_b"),
-            (pl.when((pl.col("_n") > 1) & pl.lit(normalize_std)).then(pl.col("_sd") + STD_EPS).otherwise(1.0)).alias(
-                "_s"
-            ),
-        )
-    elif mode == "rloo":
-        stats = rollouts.group_by(group).agg(pl.col("score").sum().alias("_sum"), pl.len().alias("_n"))
-        rollouts = rollouts.join(stats, on=group).with_columns(
-            pl.when(pl.col("_n") > 1)
-            .then((pl.col("_sum") - pl.col("score")) / (pl.col("_n") - 1))
-            .otherwise(pl.col("score"))
-            .alias("_b"),
-            pl.lit(1.0).alias("_s"),
-        )
-    elif mode == "running_baseline":
-        state = baseline if baseline is not None else TenantBaselines()
-        known, held = known_baselines or {}, held_baselines or {}
-        rollouts = rollouts.sort("_order", "tenant", "rollout_id", "_attempt")
-        b: list[float] = []
-        for tenant_, rollout, agent_, score, is_default in rollouts.select(
-            "tenant", "rollout_id", "_agent", "score", "_default"
-        ).iter_rows():
-            key = (tenant_, rollout)
-            if key in known:
-                b.append(known[key])
-            elif is_default and key in held:
-                b.append(held[key])
-            else:
-                b.append(_running(state, tenant_, agent_, score, default=bool(is_default)))
-        rollouts = rollouts.with_columns(pl.Series("_b", b, pl.Float64), pl.lit(1.0).alias("_s"))
-    elif mode == "none":
-        rollouts = rollouts.with_columns(pl.lit(0.0).alias("_b"), pl.lit(1.0).alias("_s"))
-    else:
-        raise ValueError(f"unknown advantage mode {mode!r}; expected grpo, rloo, running_baseline or none")
+    opts = EstimatorOptions(normalize_std, baseline, known_baselines or {}, held_baselines or {})
+    rollouts = get_estimator(mode).fn(rollouts, group, opts)
     df = calls.join(rollouts.select("_attempt", "_b", "_s"), on="_attempt")
     if per_step:
         adv = (pl.col("return") - pl.col("_b")) / pl.col("_s")

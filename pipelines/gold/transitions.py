@@ -21,15 +21,9 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines import keys
-from pipelines.gold.credit import (
-    AdvantageMode,
-    CreditMode,
-    RunningBaseline,
-    TenantBaselines,
-    advantages,
-    assign_credit,
-    match_first_occurrence,
-)
+from pipelines.gold.baselines import RunningBaseline, TenantBaselines
+from pipelines.gold.credit import AdvantageMode, CreditMode, advantages, assign_credit, match_first_occurrence
+from pipelines.gold.estimators import is_stateful
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.reward_horizon import with_rewards
 from pipelines.silver.trajectories import latest_terminal_attempts
@@ -227,7 +221,7 @@ def build(
         pl.len().over("_attempt").alias("n_steps"),
     )
     calls = assign_credit(calls, mode, credit.gamma)
-    if adv_mode == "running_baseline" and res.baseline is None:
+    if is_stateful(adv_mode) and res.baseline is None:
         res.baseline = TenantBaselines()
     calls = advantages(
         calls,

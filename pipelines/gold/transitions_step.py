@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from pipelines import keys
-from pipelines.gold.credit import TenantBaselines
+from pipelines.gold.baselines import TenantBaselines
+from pipelines.gold.estimators import is_stateful
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.reward_horizon import EXPIRED_UNTIL, known_at, lapsed
 from pipelines.gold.transitions import build
@@ -90,7 +91,7 @@ def update_transitions(
     if sizes.is_empty():
         return res
     # the running baseline counts rollouts in the order their rewards became known: so do the chunks
-    order = ["_known_at", *keys.GROUP] if credit.advantage == "running_baseline" else keys.GROUP
+    order = ["_known_at", *keys.GROUP] if is_stateful(credit.advantage) else keys.GROUP
     sizes = sizes.sort(order, nulls_last=False)
     new_mark = int(touched["updated_at"].max()) if touched.height else mark  # type: ignore[arg-type]
     marks = {TRAJ_VERSION: traj_table.version()}
@@ -100,7 +101,7 @@ def update_transitions(
         marks[EXPIRED_UNTIL] = expired_until
     chunks = group_chunks(list(sizes.select(keys.GROUP).iter_rows()), sizes["len"].to_list(), chunk_rollouts)
     baseline = None
-    if credit.advantage == "running_baseline":
+    if is_stateful(credit.advantage):
         baseline = TenantBaselines.from_json(saved_baseline(lake))
     dropped: dict[str, int] = {}
     mismatches = defaulted = 0

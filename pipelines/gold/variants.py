@@ -32,6 +32,7 @@ import pyarrow.fs as pafs
 
 from pipelines import keys
 from pipelines.errors import VariantError
+from pipelines.gold.estimators import is_stateful
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.transitions import build
 from pipelines.gold.transitions_step import BASELINE_KEY
@@ -107,7 +108,7 @@ def rebuild_variant(
     group = pl.coalesce("task_id", "rollout_id").alias("group_id")
     sizes = traj.group_by("tenant", group).len().sort(keys.GROUP).collect()
     groups = list(sizes.select(keys.GROUP).iter_rows())
-    if credit.advantage == "running_baseline":
+    if is_stateful(credit.advantage):
         chunks = [groups] if groups else []
     else:
         chunks = group_chunks(groups, sizes["len"].to_list(), chunk_rollouts)

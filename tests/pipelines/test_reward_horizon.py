@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from pipelines.bronze.decoding import KafkaRecord, decode_spans
 from pipelines.bronze.decoding.rewards import decode_reward_event
-from pipelines.gold.credit import TenantBaselines
+from pipelines.gold.baselines import TenantBaselines
 from pipelines.gold.reward_horizon import horizon_due
 from pipelines.gold.transitions_step import saved_baseline, update_transitions
 from pipelines.silver.trajectories_step import update_trajectories

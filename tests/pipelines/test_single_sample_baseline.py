@@ -18,7 +18,7 @@ import polars as pl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pipelines.gold.credit import TenantBaselines
+from pipelines.gold.baselines import TenantBaselines
 from pipelines.gold.transitions_step import saved_baseline, update_transitions
 from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import CreditSettings

@@ -22,7 +22,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
 from pipelines.bronze.ingest import ingest
-from pipelines.gold.credit import RunningBaseline
+from pipelines.gold.baselines import RunningBaseline
 from pipelines.gold.transitions_step import removed_rollouts, update_transitions
 from pipelines.silver.trajectories_step import REMOVED_KEY, update_trajectories
 from schemas.config import CreditSettings, Settings, load_settings
@@ -212,7 +212,7 @@ def test_the_running_baseline_is_kept_per_tenant(settings: Settings) -> None:
     assert mine.select("rollout_id", "baseline", "advantage").rows() == [("a0", 0.0, 1.0), ("a1", 1.0, -1.0)]
     theirs = tenants.rows("transitions", B)
     assert theirs.select("rollout_id", "baseline").rows() == [("a0", -1.0), ("b0", 0.0)]
-    from pipelines.gold.credit import TenantBaselines  # (imported here: the module runs against older code too)
+    from pipelines.gold.baselines import TenantBaselines  # (imported here: the module runs against older code too)
     from pipelines.gold.transitions_step import saved_baseline
 
     saved = TenantBaselines.from_json(saved_baseline(tenants.lake))
@@ -259,7 +259,7 @@ def test_transition_ids_keep_the_default_tenant_and_never_collide_across_tenants
 def test_a_lake_from_before_tenants_were_keys_keeps_its_baseline_and_removals(tmp_path: Path) -> None:
     """Commit metadata written by the previous code: a running baseline without tenants is the
     default tenant's, and removed rollouts named without a tenant are taken as removed in every tenant."""
-    from pipelines.gold.credit import TenantBaselines  # (imported here: the module runs against older code too)
+    from pipelines.gold.baselines import TenantBaselines  # (imported here: the module runs against older code too)
 
     legacy = RunningBaseline(0.5, 3).to_json()
     state = TenantBaselines.from_json(legacy)
