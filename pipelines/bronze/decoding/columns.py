@@ -1,41 +1,28 @@
 """Which attribute feeds which typed column of `spans`, decided once per resource and per key set.
 
 Several conventions name the same thing (``agentlake.rollout.id``, ``agentlightning.rollout_id``;
-``agentlake.agent.name``, ``gen_ai.agent.name``, ...): the first key with a value wins, in
-``schemas.attributes``' order, as ``schemas.span_checks.first_present`` picks it. Keys that become
+``agentlake.agent.name``, ``gen_ai.agent.name``, ...): the first key with a value wins, in the order
+of ``pipelines.bronze.conventions.CONVENTIONS``. Keys that become
 typed columns are not repeated in the JSON column of the other attributes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pipelines.bronze import conventions
 from pipelines.bronze.decoding.json_text import dumps
 from pipelines.bronze.decoding.messages import FLAT_MESSAGE_PREFIXES
 from schemas import attributes as A
 from schemas.otlp.values import lite_value
 
-TYPED_KEYS = frozenset(
-    {
-        *A.ROLLOUT_ID_KEYS,
-        *A.ATTEMPT_ID_KEYS,
-        A.TASK_ID,
-        *A.AGENT_NAME_KEYS,
-        A.ROLLOUT_STATUS,
-        *A.RESPONSE_ID_KEYS,
-        *A.MODEL_KEYS,
-        A.LLM_POLICY_VERSION,
-        A.LLM_POLICY_SHA256,
-        *A.PROMPT_TOKEN_IDS_KEYS,
-        *A.COMPLETION_TOKEN_IDS_KEYS,
-        A.LLM_COMPLETION_LOGPROBS,
-        A.GEN_AI_INPUT_MESSAGES,
-        A.GEN_AI_OUTPUT_MESSAGES,
-        A.REWARD_VALUE,
-        A.REWARD_NAME,
-    }
-)
+TYPED_KEYS = conventions.typed_keys()
+ROLLOUT_ID_KEYS = conventions.keys("rollout_id")
+ATTEMPT_ID_KEYS = conventions.keys("attempt_id")
+TASK_ID_KEYS = conventions.keys("task_id")
+AGENT_NAME_KEYS = conventions.keys("agent_name")
+_RESPONSE_ID_READERS = conventions.response_id_readers()
 
 
 def first_value(keys: Sequence[str], attrs: Mapping[str, Any]) -> Any:
@@ -44,6 +31,14 @@ def first_value(keys: Sequence[str], attrs: Mapping[str, Any]) -> Any:
         v = attrs.get(k)
         if v is not None and (v.__class__ is not str or v):
             return v
+    return None
+
+
+def read_response_id(readers: Sequence[Callable[[Mapping[str, Any]], str | None]], attrs: Mapping[str, Any]) -> Any:
+    """The first response id one of ``readers`` finds in ``attrs`` (None: none)."""
+    for read in readers:
+        if (found := read(attrs)) is not None:
+            return found
     return None
 
 
@@ -60,10 +55,10 @@ class ResourceColumns:
         res = {kv.key: lite_value(kv.value) for kv in kvs}
         self.attrs = res
         self.json = dumps(res) if res else None
-        self.rollout = first_value(A.ROLLOUT_ID_KEYS, res)
-        self.attempt = first_value(A.ATTEMPT_ID_KEYS, res)
-        self.task = first_value((A.TASK_ID,), res)
-        self.agent = first_value(A.AGENT_NAME_KEYS, res)
+        self.rollout = first_value(ROLLOUT_ID_KEYS, res)
+        self.attempt = first_value(ATTEMPT_ID_KEYS, res)
+        self.task = first_value(TASK_ID_KEYS, res)
+        self.agent = first_value(AGENT_NAME_KEYS, res)
         self.service = as_text(res.get(A.SERVICE_NAME))
 
 
@@ -82,7 +77,7 @@ class Shape:
         "agent",
         "status",
         "response",
-        "oi_output",
+        "response_readers",
         "model",
         "policy",
         "policy_sha",
@@ -100,22 +95,24 @@ class Shape:
         def present(candidates: Sequence[str]) -> tuple[str, ...]:
             return tuple(k for k in candidates if k in keys)
 
-        self.rollout = present(A.ROLLOUT_ID_KEYS)
-        self.attempt = present(A.ATTEMPT_ID_KEYS)
-        self.task = present((A.TASK_ID,))
-        self.agent = present(A.AGENT_NAME_KEYS)
-        self.status = present((A.ROLLOUT_STATUS,))
-        self.response = present(A.RESPONSE_ID_KEYS)
-        # OpenInference's OpenAI instrumentation records no response id, only the raw response
-        self.oi_output = not self.response and A.OI_OUTPUT_VALUE in keys and A.OI_SPAN_KIND in keys
-        self.model = present(A.MODEL_KEYS)
-        self.policy = present((A.LLM_POLICY_VERSION,))
-        self.policy_sha = present((A.LLM_POLICY_SHA256,))
-        self.prompt = present(A.PROMPT_TOKEN_IDS_KEYS)
-        self.completion = present(A.COMPLETION_TOKEN_IDS_KEYS)
-        self.logprobs = present((A.LLM_COMPLETION_LOGPROBS,))
-        self.msg_in = A.GEN_AI_INPUT_MESSAGES in keys
-        self.msg_out = A.GEN_AI_OUTPUT_MESSAGES in keys
+        self.rollout = present(ROLLOUT_ID_KEYS)
+        self.attempt = present(ATTEMPT_ID_KEYS)
+        self.task = present(TASK_ID_KEYS)
+        self.agent = present(AGENT_NAME_KEYS)
+        self.status = present(conventions.keys("rollout_status"))
+        self.response = present(conventions.keys("response_id"))
+        # without a response-id key, readers that find one elsewhere (OpenInference's raw response)
+        self.response_readers = (
+            () if self.response else tuple(r.read for r in _RESPONSE_ID_READERS if all(k in keys for k in r.needs))
+        )
+        self.model = present(conventions.keys("model"))
+        self.policy = present(conventions.keys("policy_version"))
+        self.policy_sha = present(conventions.keys("policy_sha256"))
+        self.prompt = present(conventions.keys("prompt_token_ids"))
+        self.completion = present(conventions.keys("completion_token_ids"))
+        self.logprobs = present(conventions.keys("completion_logprobs"))
+        self.msg_in = present(conventions.keys("input_messages"))
+        self.msg_out = present(conventions.keys("output_messages"))
         self.flat = any(k.startswith(FLAT_MESSAGE_PREFIXES) for k in keys)
         self.rest = tuple(k for k in keys if k not in TYPED_KEYS)
         self.all_rest = len(self.rest) == len(keys)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipelines.bronze import conventions
 from pipelines.bronze.decoding.columns import as_text
 from pipelines.bronze.decoding.kafka_record import KafkaRecord
 from schemas import attributes as A
@@ -17,7 +18,8 @@ from schemas.errors import RecordValidationError
 from schemas.tables import REWARDS
 from schemas.validation import validate_reward_event
 
-REWARD_SPAN_NAMES = frozenset({A.REWARD_SPAN_NAME, A.AGL_REWARD_SPAN_NAME})
+_REWARD_SPANS = conventions.reward_spans()
+REWARD_SPAN_NAMES = frozenset(_REWARD_SPANS)
 
 
 def _reward_value(value: Any, key: str) -> float:
@@ -33,10 +35,8 @@ def span_reward(name: str, attrs: Mapping[str, Any]) -> tuple[float | None, str 
     if found is None:
         return None, None
     key, value = found
-    if name == A.REWARD_SPAN_NAME:
-        rname = attrs.get(A.REWARD_NAME)
-    else:
-        rname = attrs.get(f"{A.AGL_REWARD_PREFIX}.0.{A.AGL_REWARD_NAME_SUFFIX}")
+    name_key = _REWARD_SPANS[name].reward_name_key
+    rname = attrs.get(name_key) if name_key else None
     return _reward_value(value, key), as_text(rname) or A.PRIMARY_REWARD_NAME
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.bronze.decoding.columns import SHAPES, ResourceColumns, as_text, first_value, new_shape
+from pipelines.bronze.decoding.columns import SHAPES, ResourceColumns, as_text, first_value, new_shape, read_response_id
 from pipelines.bronze.decoding.json_text import dumps
 from pipelines.bronze.decoding.kafka_record import KafkaRecord
-from pipelines.bronze.decoding.messages import flat_messages, messages_json, oi_response_id
+from pipelines.bronze.decoding.messages import flat_messages, messages_json
 from pipelines.bronze.decoding.rewards import REWARD_SPAN_NAMES, span_reward
 from pipelines.bronze.decoding.rows import NO_ATTRIBUTES, ROLLOUT_COLUMN
 from pipelines.bronze.decoding.tokens import PackedArray, first_token_ids, logprobs
-from schemas import attributes as A
 from schemas import topics
 from schemas.otlp.lite import ExportTraceServiceRequestLite
 from schemas.otlp.packed import PACKED_KEYS
@@ -95,17 +94,13 @@ def decode_request(
                         reward_value, reward_name = span_reward(name, attrs)
                     else:
                         reward_value = reward_name = None
-                    input_messages = messages_json(attrs[A.GEN_AI_INPUT_MESSAGES]) if shape.msg_in else None
-                    output_messages = messages_json(attrs[A.GEN_AI_OUTPUT_MESSAGES]) if shape.msg_out else None
+                    input_messages = messages_json(attrs[shape.msg_in[0]]) if shape.msg_in else None
+                    output_messages = messages_json(attrs[shape.msg_out[0]]) if shape.msg_out else None
                     if shape.flat:
                         if input_messages is None:
-                            input_messages = flat_messages(
-                                attrs, A.OI_LLM_INPUT_MESSAGES_PREFIX, A.GEN_AI_PROMPT_PREFIX_OLD
-                            )
+                            input_messages = flat_messages(attrs, "input")
                         if output_messages is None:
-                            output_messages = flat_messages(
-                                attrs, A.OI_LLM_OUTPUT_MESSAGES_PREFIX, A.GEN_AI_COMPLETION_PREFIX_OLD
-                            )
+                            output_messages = flat_messages(attrs, "output")
                     if shape.all_rest:
                         rest_json: str | None = dumps(attrs)
                     elif shape.rest:
@@ -131,7 +126,7 @@ def decode_request(
                         as_text(attrs[shape.status[0]]) if shape.status else None,
                         as_text(first_value(shape.response, attrs))
                         if shape.response
-                        else (oi_response_id(attrs) if shape.oi_output else None),
+                        else (read_response_id(shape.response_readers, attrs) if shape.response_readers else None),
                         as_text(first_value(shape.model, attrs)) if shape.model else None,
                         as_text(attrs[shape.policy[0]]) if shape.policy else None,
                         input_messages,
