@@ -228,7 +228,7 @@ def group_rewards(
     return frame, ids
 
 
-def _chunks(units: Iterable[set[keys.Key]], size: int) -> list[list[keys.Key]]:
+def unit_chunks(units: Iterable[set[keys.Key]], size: int) -> list[list[keys.Key]]:
     """Rollouts in chunks of about ``size``; the rollouts of one unit (a group) always share a chunk.
 
     Units that share a rollout are merged first (two group functions may group differently).
@@ -401,7 +401,7 @@ def score_trajectories(
             members[s] = affected_groups(group_members(index, group_by=fn.group_by, window=fn.window))
             for _, g in members[s].group_by("tenant", "group"):
                 units.append(set(g.select(*keys.ROLLOUT).iter_rows()))
-    chunks = _chunks(units, chunk_rollouts)
+    chunks = unit_chunks(units, chunk_rollouts)
     if not chunks:
         return res
     stamp = max(newest + dt.timedelta(microseconds=1), now or dt.datetime.now(dt.UTC))
