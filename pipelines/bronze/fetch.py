@@ -14,9 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pipelines.bronze.decoding import (
-    KafkaRecord,
-)
+from pipelines.bronze.decoding import KafkaRecord
 from schemas.config import KafkaSettings
 
 

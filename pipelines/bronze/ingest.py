@@ -25,9 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipelines.bronze.decoders import decode_batch, decode_in_worker, decoder_pool, default_workers, redactor_for
-from pipelines.bronze.decoding import (
-    KafkaRecord,
-)
+from pipelines.bronze.decoding import KafkaRecord
 from pipelines.bronze.fetch import batches, make_fetcher, records_behind, topic_partitions
 from pipelines.bronze.log_reset import ACCEPT_RESET_HINT, OnReset, accept_new_log, check_log, legacy_match
 from pipelines.bronze.positions import Kind, app_id, fingerprint_id, positions, record_fingerprint

@@ -21,9 +21,7 @@ from typing import Any, Literal
 import polars as pl
 
 from pipelines.bronze.decoders import decode_batch
-from pipelines.bronze.decoding import (
-    KafkaRecord,
-)
+from pipelines.bronze.decoding import KafkaRecord
 from pipelines.bronze.fetch import make_fetcher, topic_partitions
 from pipelines.bronze.positions import Kind, Position, app_id, base_id, epoch_id, positions, record_fingerprint
 from schemas.config import KafkaSettings

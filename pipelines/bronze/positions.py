@@ -14,9 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pipelines.bronze.decoding import (
-    KafkaRecord,
-)
+from pipelines.bronze.decoding.kafka_record import KafkaRecord
 
 Kind = Literal["spans", "rewards"]  # the bronze table (and its topic) a run ingests
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipelines.bronze.decoding import (
-    reward_rows_from_spans,
-)
+from pipelines.bronze.decoding import reward_rows_from_spans
 from pipelines.bronze.positions import app_id
 from schemas.lake import Lake, unseen_offsets
 
