@@ -1,7 +1,7 @@
 """OTLP decoding benchmark: the CPU each side of the one OTLP layer (``schemas/otlp``) spends per span.
 
 Two hot paths read OTLP: the collector (``collectors.records``: parse the request, check every span,
-split it into one Kafka record per trace) and ingestion (``pipelines.decoding``: a Kafka record to
+split it into one Kafka record per trace) and ingestion (``pipelines.bronze.decoding``: a Kafka record to
 ``spans`` rows through the lite view, token arrays decoded batch-wide). Each is timed in CPU seconds
 (``time.process_time``, so a busy shared machine moves it less than wall time) over the same
 requests, next to its floor measured in the same run: upb parsing those very bytes into messages,
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from collectors.records import decode_traces, split_traces  # noqa: E402
-from pipelines.decoding import KafkaRecord, decode_spans  # noqa: E402
+from pipelines.bronze.decoding import KafkaRecord, decode_spans  # noqa: E402
 from schemas.otlp.lite import ExportTraceServiceRequestLite  # noqa: E402
 from tests.pipelines.otel import Call, Rollout, encode, make_spans  # noqa: E402
 

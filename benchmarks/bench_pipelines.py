@@ -34,8 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import polars as pl  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from pipelines.incremental import update_trajectories, update_transitions  # noqa: E402
-from pipelines.ingest import ingest  # noqa: E402
+from pipelines.bronze.ingest import ingest  # noqa: E402
+from pipelines.gold.transitions_step import update_transitions  # noqa: E402
+from pipelines.silver.trajectories_step import update_trajectories  # noqa: E402
 from schemas.config import CreditSettings, KafkaSettings  # noqa: E402
 from schemas.lake import Lake  # noqa: E402
 

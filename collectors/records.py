@@ -396,7 +396,7 @@ def split_traces(
     for tid, by_res in groups.items():
         # Keyed by trace id, never by rollout id: the id may arrive in a later request (on the root),
         # and every piece of one trace must land in the same partition, in order. Which rollout a
-        # trace belongs to is decided once, by the pipeline (`pipelines/identity.py`).
+        # trace belongs to is decided once, by the pipeline (`pipelines/silver/identity.py`).
         key = tid.hex().encode()
         if reuse:
             value = original

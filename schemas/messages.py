@@ -1,6 +1,6 @@
 """The chat messages the lake stores as JSON text (``input_messages`` / ``output_messages``), read back.
 
-Written by ingestion (``pipelines.decoding.messages``); read by lake-side reward functions (the
+Written by ingestion (``pipelines.bronze.decoding.messages``); read by lake-side reward functions (the
 SDK's ``Trajectory``) and the LLM judge, which must read them the same way.
 """
 

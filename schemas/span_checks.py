@@ -2,7 +2,7 @@
 
 The collector applies them as spans arrive and refuses a span that fails (OTLP partial success, or
 400 when every span of a request fails), so nothing it acknowledges is quarantined later. They
-state the rules ingestion (``pipelines/decoding``) quarantines a record by: token ids are integers
+state the rules ingestion (``pipelines/bronze/decoding``) quarantines a record by: token ids are integers
 in ``[0, 2**31)`` (stored as int32), logprobs are numbers, a reward value is a number, either as an
 OTLP array or as a string holding a JSON list (some SDKs only write strings); which attribute is
 read among several conventions follows ``first_present``, as ingestion picks it. They add what the

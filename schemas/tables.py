@@ -74,7 +74,7 @@ SPANS = _versioned(
         pa.field("received_at", _ts),
         *_kafka_origin,
         pa.field("day", pa.date32(), nullable=False),  # partition column, from start_time
-        # v3: the detectors that redacted the row's text before it was stored (pipelines.redact; [] when
+        # v3: the detectors that redacted the row's text before it was stored (pipelines.bronze.redact; [] when
         # none fired); null in rows stored before v3, and in rows decoded without redaction. Last, where
         # an older table gains it on its next write (Lake.write merges the schema).
         pa.field("redacted", pa.list_(pa.string())),
@@ -262,7 +262,7 @@ TRAINING_LINEAGE = _versioned(
     ],
 )
 
-# The LLM judge's cache (pipelines/judging): one row per member of each judged group. ``judgement_id``
+# The LLM judge's cache (pipelines/silver/judging): one row per member of each judged group. ``judgement_id``
 # hashes what was asked (judge version and rubric, the members, the prompt), so asking again is a
 # look-up: a rerun or backfill calls the model only for groups whose question changed. It holds the
 # judge's words about a trajectory (``reason``): `agentlake forget` and retention reach it.
@@ -288,7 +288,7 @@ JUDGEMENTS = _versioned(
 )
 
 # What was deleted, by whom and when (`agentlake forget`, per-table retention): one row per deletion.
-# A rebuild from Kafka applies these again, so forgotten rows stay forgotten (pipelines.forget).
+# A rebuild from Kafka applies these again, so forgotten rows stay forgotten (pipelines.lake.forget).
 # It keeps the ids that name the forgotten data (tenant, rollout), never its content.
 DELETION_COUNT = pa.struct(
     [
@@ -454,7 +454,7 @@ CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
 
 # --- variants -----------------------------------------------------------------------------------
 # A variant is a table built again from the same source with other settings, beside the original:
-# `transitions__<name>` holds `transitions` rows under other credit settings (pipelines/variants.py).
+# `transitions__<name>` holds `transitions` rows under other credit settings (pipelines/gold/variants.py).
 # It has its base table's schema, partitioning and properties; the incremental pipeline never writes it.
 VARIANT_SEPARATOR = "__"
 VARIANT_BASES = ("transitions",)  # the tables that may have variants

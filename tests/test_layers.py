@@ -79,10 +79,15 @@ def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path: Path) -> None:
     """The two checks above can fail: the same reading finds what they look for in a made-up tree."""
     (tmp_path / "schemas").mkdir()
     bad = tmp_path / "schemas" / "bad.py"
-    bad.write_text("def f():\n    from pipelines.ingest import ingest\n    from . import other\n")
+    bad.write_text("def f():\n    from pipelines.bronze.ingest import ingest\n    from . import other\n")
     global REPO
     saved, REPO = REPO, tmp_path
     try:
-        assert _imports(bad) == {"pipelines.ingest", "pipelines.ingest.ingest", "schemas", "schemas.other"}
+        assert _imports(bad) == {
+            "pipelines.bronze.ingest",
+            "pipelines.bronze.ingest.ingest",
+            "schemas",
+            "schemas.other",
+        }
     finally:
         REPO = saved

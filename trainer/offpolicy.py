@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-if TYPE_CHECKING:  # trainer.data imports torch; the version rules are read where torch is not (pipelines.checks)
+if TYPE_CHECKING:  # trainer.data imports torch; the version rules are read where torch is not (pipelines.defs.checks)
     from trainer.data import Example
 
 _VERSION = re.compile(r"v(\d+)")

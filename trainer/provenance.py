@@ -10,7 +10,7 @@ A row is *unverified* when its hash is present and either its version is no regi
 registry holds another hash for it. Such a row was sampled by a policy nobody can name, so neither
 the on-policy loss nor an importance ratio against it means what it says: a round does not train on
 it (``trainer.round``, counted as ``refused_unknown_adapter`` in the version's metrics) and the asset
-check ``transitions_served_adapters_known`` (``pipelines.checks``) reports it.
+check ``transitions_served_adapters_known`` (``pipelines.defs.checks``) reports it.
 
 A row without a hash (rows from before transitions v4, a gateway on another host than vLLM, a base
 model, a version from before manifests) proves nothing either way and is kept, as before; so is a row

@@ -2,7 +2,7 @@
 
 Unlike ``agentlake.reward`` (which an agent calls while it runs, and which emits a span), these run
 in the pipeline, after the fact, over what the lake recorded: the `reward_functions` asset imports
-the modules named in ``[credit] reward_modules`` (`pipelines/reward_functions.py`) and scores
+the modules named in ``[credit] reward_modules`` (`pipelines/silver/reward_functions.py`) and scores
 every finished trajectory with each function found there. The name and version are the reward's
 identity in `rewards` (source ``fn:<name>@<version>``): bump the version when the function's meaning changes and every
 trajectory is scored again; keep it and only new trajectories are.

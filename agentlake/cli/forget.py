@@ -1,4 +1,4 @@
-"""`agentlake forget`: delete a tenant's data from every lake table (logic in pipelines.forget)."""
+"""`agentlake forget`: delete a tenant's data from every lake table (logic in pipelines.lake.forget)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def forget(
     current snapshot), and the deletion is recorded in the `deletions` table, which a rebuild from
     Kafka (`agentlake replay`) applies again.
     """
-    from pipelines.forget import forget as run_forget
-    from pipelines.forget import parse_before
+    from pipelines.lake.forget import forget as run_forget
+    from pipelines.lake.forget import parse_before
     from schemas.lake import Lake
 
     if rollout is not None and before is not None:

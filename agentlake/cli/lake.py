@@ -66,7 +66,7 @@ def query(
     config: str | None = ConfigOption,
 ) -> None:
     """Run SQL on the lake with DuckDB (one view per Delta table)."""
-    from pipelines.query import run_query
+    from pipelines.lake.query import run_query
 
     if fmt not in ("table", "csv", "json", "parquet"):
         raise typer.BadParameter("--format must be table, csv, json or parquet")
@@ -85,7 +85,7 @@ def query(
 @handle_errors
 def tables(config: str | None = ConfigOption) -> None:
     """List the lake's tables with row counts and Delta versions."""
-    from pipelines.query import list_tables
+    from pipelines.lake.query import list_tables
 
     _, lake = _lake(config)
     t = Table("table", "rows", "version", "files", "path")
@@ -102,7 +102,7 @@ def replay(
     config: str | None = ConfigOption,
 ) -> None:
     """Rebuild every table from Kafka into a fresh lake root."""
-    from pipelines.replay import replay as run_replay
+    from pipelines.lake.replay import replay as run_replay
     from schemas.lake import Lake
 
     s = settings_or_exit(config)
@@ -133,7 +133,7 @@ def accept_reset(
     The new log's records are then stored after every offset the lake already holds.
     A log that was not reset is left alone.
     """
-    from pipelines.ingest import accept_reset as accept
+    from pipelines.bronze.log_reset import accept_reset as accept
 
     if topic not in ("spans", "rewards", "all"):
         raise typer.BadParameter("--topic must be spans, rewards or all")

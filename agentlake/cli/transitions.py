@@ -1,4 +1,4 @@
-"""`agentlake transitions rebuild | list | show`: credit variants of `transitions` (logic in pipelines.variants)."""
+"""`agentlake transitions rebuild | list | show`: credit variants of `transitions` (pipelines.gold.variants)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any, get_args
 import typer
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
-from schemas.config.training import AdvantageMode
+from pipelines.gold.estimators import ESTIMATORS
+from schemas.config.training import CreditMode
 
 transitions_app = typer.Typer(
     name="transitions",
@@ -17,8 +18,8 @@ transitions_app = typer.Typer(
 )
 app.add_typer(transitions_app, name="transitions")
 
-_MODES = ("identical", "discounted", "per_step", "last_only")
-_ADVANTAGES = get_args(AdvantageMode)
+_MODES = get_args(CreditMode)
+_ADVANTAGES = tuple(ESTIMATORS)  # every registered estimator, built in or plugged in
 
 
 def _credit(base: Any, **changes: Any) -> Any:  # noqa: ANN401 - schemas.config.CreditSettings, imported lazily
@@ -56,8 +57,8 @@ def rebuild(
 
     The main `transitions` table is left alone; train on the variant with `agentlake train --table`.
     """
-    from pipelines.retokenize import policy_retokenizer
-    from pipelines.variants import rebuild_variant
+    from pipelines.gold.retokenize import policy_retokenizer
+    from pipelines.gold.variants import rebuild_variant
     from schemas.lake import Lake
 
     if mode is not None and mode not in _MODES:
@@ -89,7 +90,7 @@ def rebuild(
 @handle_errors
 def list_variants(config: str | None = ConfigOption) -> None:
     """List the variants built in the lake, each with its version, rows and credit settings."""
-    from pipelines.variants import describe, variant_names
+    from pipelines.gold.variants import describe, variant_names
     from schemas.lake import Lake
 
     lake = Lake.from_settings(settings_or_exit(config))
@@ -117,7 +118,7 @@ def show(
     config: str | None = ConfigOption,
 ) -> None:
     """Print a variant's version, rows and the credit settings it was built with."""
-    from pipelines.variants import describe
+    from pipelines.gold.variants import describe
     from schemas.lake import Lake
 
     s = settings_or_exit(config)

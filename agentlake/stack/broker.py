@@ -8,7 +8,7 @@ a `down` or a crash loses the log) and ``s3://<bucket>/`` (durable). ``sqlite://
 answer FeatureNotEnabled and ``file://`` is unsupported, so a durable log needs an S3 API: the local
 SeaweedFS (``agentlake.stack.objectstore``). With the s3 engine, produce and fetch keep Kafka's
 offsets, but ListOffsets reports an end offset (high watermark) of 1 whatever the log holds: nothing
-may read "how far the log goes" from it (see ``pipelines.automation.pending``).
+may read "how far the log goes" from it (see ``pipelines.defs.automation.pending``).
 """
 
 from __future__ import annotations

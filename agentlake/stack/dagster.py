@@ -31,7 +31,7 @@ from schemas.config import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO_ROOT / "dagster_home"
-CODE_MODULE = "pipelines.definitions"
+CODE_MODULE = "pipelines.defs.definitions"
 # SQLAlchemy 2.1 maps plain postgresql:// to psycopg 3; dagster-postgres ships psycopg2
 SQLALCHEMY_SCHEME = "postgresql+psycopg2"
 LOCATION_NAME = "pipelines"

@@ -21,7 +21,17 @@ def materialize_all(
     """Run pipeline assets (default: all) once through the Dagster instance the stack uses."""
     env = {**local.child_env(settings, bootstrap), **(extra_env or {})}
     result = subprocess.run(
-        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "pipelines.definitions", "--select", select],
+        [
+            sys.executable,
+            "-m",
+            "dagster",
+            "asset",
+            "materialize",
+            "-m",
+            "pipelines.defs.definitions",
+            "--select",
+            select,
+        ],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -45,7 +45,7 @@ class SmokeReport:
 
 def run_smoke_demo(settings: Settings, *, on_step: Callable[[str], None] = lambda _m: None) -> SmokeReport:
     """up -> synthetic rollouts over OTLP -> Dagster assets -> DuckDB; the caller takes the stack down."""
-    from pipelines.query import list_tables, run_query
+    from pipelines.lake.query import list_tables, run_query
     from schemas.lake import Lake
 
     started = time.monotonic()

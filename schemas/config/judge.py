@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from schemas.config.base import Section
 
 # The rubric the LLM judge ([judge]) scores by unless the operator gives one: what a good trajectory is.
-# It is this setting's default, so it lives here rather than beside the prompt (pipelines.judging.prompt):
+# It is this setting's default, so it lives here rather than beside the prompt (pipelines.silver.judging.prompt):
 # a judgement's source hashes the rubric in force, so the default has to be what settings say.
 JUDGE_RUBRIC = """\
 A trajectory is better the more fully and correctly it achieves the user's task.

@@ -8,12 +8,12 @@ from pydantic import Field, model_validator
 
 from schemas.config.base import Section
 
-# Detectors pipelines.redact knows by name; `redaction.patterns` adds named regexes of a deployment's own.
+# Detectors pipelines.bronze.redact knows by name; `redaction.patterns` adds named regexes of a deployment's own.
 REDACTION_DETECTORS = ("email", "api_key", "phone")
 
 
 class RedactionSettings(Section):
-    """What span text is redacted before it is stored (pipelines.redact), per tenant.
+    """What span text is redacted before it is stored (pipelines.bronze.redact), per tenant.
 
     ``default``: the detectors for every tenant not in ``tenants``; ``tenants``: tenant -> its own list
     (``[]``: none). Names are built-in detectors (``email``; ``api_key``: ``sk-...`` keys, bearer

@@ -16,13 +16,15 @@ from schemas.config.base import Section
 from schemas.tables import TRAINABLE_TABLE_PATTERN
 
 # The modes, each written once: the settings validate them, and trainer.config.TrainConfig, trainer.ranks
-# and pipelines.credit take the same types.
+# and pipelines.gold.credit take the same types.
 Algorithm = Literal["grpo", "ppo", "reinforce"]
 Finetune = Literal["lora", "full"]
 Parallel = Literal["ddp", "fsdp"]
 Precision = Literal["auto", "fp32", "bf16"]
 CreditMode = Literal["identical", "discounted", "per_step", "last_only"]
-AdvantageMode = Literal["grpo", "rloo", "running_baseline", "none"]
+# An advantage estimator registered by name in pipelines.gold.estimators (built in: grpo, rloo,
+# running_baseline, none); the gold step refuses a name nobody registered, listing the known ones.
+AdvantageMode = str
 
 # A trained agent's name (trainer.agents): it is matched exactly and becomes part of a served model name.
 AGENT_LINE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"

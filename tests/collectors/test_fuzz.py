@@ -35,7 +35,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from collectors.sink import MemorySink
-from pipelines.decoding import KafkaRecord, decode_reward_event, decode_spans
+from pipelines.bronze.decoding import KafkaRecord, decode_reward_event, decode_spans
 from schemas import attributes as A
 from schemas import span_checks
 from schemas.config import Settings, load_settings

@@ -27,7 +27,7 @@ from collectors.gateway.proxy import Gateway
 from collectors.gateway.routes import create_app
 from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink
-from pipelines.decoding import KafkaRecord, decode_spans
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
 from schemas import attributes as A
 from schemas.config import Settings, load_settings
 from trainer.artifacts import write_manifest

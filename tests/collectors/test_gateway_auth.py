@@ -30,8 +30,8 @@ from agentlake.stack.ports import free_port
 from collectors.gateway.proxy import Gateway
 from collectors.gateway.serve import GatewayServer
 from collectors.sink import MemorySink
-from pipelines.assets import all_assets
-from pipelines.resources import resources_from_settings
+from pipelines.defs.assets import all_assets
+from pipelines.defs.resources import resources_from_settings
 from schemas import attributes as A
 from schemas import topics
 from schemas.config import Settings, load_settings

@@ -17,9 +17,9 @@ import pytest
 from dagster import materialize
 
 from collectors.gateway.serve import GatewayServer
-from pipelines.assets import all_assets
-from pipelines.checks import all_checks
-from pipelines.resources import resources_from_settings
+from pipelines.defs.assets import all_assets
+from pipelines.defs.checks import all_checks
+from pipelines.defs.resources import resources_from_settings
 from schemas.config import Settings
 from schemas.lake import Lake
 from tests.collectors.helpers import LoopThread, wait_until

@@ -30,7 +30,7 @@ from collectors.errors import BadRequest, PayloadTooLarge
 from collectors.receivers import CollectorServer
 from collectors.records import decompress, split_traces
 from collectors.sink import MemorySink
-from pipelines.decoding import KafkaRecord, decode_spans
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
 from schemas import attributes as A
 from schemas import span_checks
 from schemas.config import load_settings

@@ -41,7 +41,7 @@ def test_one_round_trains_publishes_and_serves_the_new_version(tmp_path: Path, m
     settings = _settings(tmp_path, monkeypatch)
     try:
         report = run_closed_loop(settings, LoopPlan(rounds=1, tasks_per_round=2, samples_per_task=2, eval_tasks=2))
-        from pipelines.query import list_tables, run_query
+        from pipelines.lake.query import list_tables, run_query
         from schemas.lake import Lake
         from trainer.registry import Registry
 
@@ -96,7 +96,7 @@ def test_production_traffic_trains_on_late_rewards_and_drops_the_missing(tmp_pat
     )
     try:
         report = run_closed_loop(settings, plan)
-        from pipelines.query import run_query
+        from pipelines.lake.query import run_query
         from schemas.lake import Lake
 
         lake = Lake(settings.lake.root)

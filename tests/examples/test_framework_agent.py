@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from collectors.gateway.proxy import AGENT_HEADER, ROLLOUT_HEADER
 from examples.framework_agent.agent import AGENT_NAME, RolloutResult, heldout_tasks, run_batch, setup
 from examples.math_agent.tasks import MathTask
-from pipelines.decoding import KafkaRecord, SpanBatch
-from pipelines.trajectories import assemble
+from pipelines.bronze.decoding import KafkaRecord, SpanBatch
+from pipelines.silver.trajectories import assemble
 from schemas import attributes as A
 
 

@@ -24,7 +24,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from agentlake.stack import objectstore
-from pipelines.ingest import app_id, ingest
+from pipelines.bronze.ingest import ingest
+from pipelines.bronze.positions import app_id
 from schemas.config import Settings
 from schemas.lake import Lake
 from schemas.tables import SPANS

@@ -18,7 +18,16 @@ from pyarrow.fs import FileSelector
 from typer.testing import CliRunner
 
 from agentlake.cli import app
-from pipelines.forget import DELETION_KEY, FORGET_TABLES, Selector, UnknownTenantError, execute, forget, frames_of, plan
+from pipelines.lake.forget import (
+    DELETION_KEY,
+    FORGET_TABLES,
+    Selector,
+    UnknownTenantError,
+    execute,
+    forget,
+    frames_of,
+    plan,
+)
 from schemas import topics
 from schemas.config import Settings
 from schemas.lake import Lake
@@ -426,8 +435,10 @@ def test_plan_matches_what_delta_deletes(tmp_path: Path) -> None:
 # --- replay from Kafka honours recorded deletions -------------------------------------------------
 def _pipeline(settings: Settings, lake: Lake) -> None:
     """One incremental run of every step, as the Dagster assets do."""
-    from pipelines.incremental import update_trajectories, update_transitions
-    from pipelines.ingest import extract_span_rewards, ingest
+    from pipelines.bronze.ingest import ingest
+    from pipelines.bronze.span_rewards import extract_span_rewards
+    from pipelines.gold.transitions_step import update_transitions
+    from pipelines.silver.trajectories_step import update_trajectories
 
     k = settings.kafka
     ingest(lake, k, "spans", workers=0)
@@ -439,7 +450,7 @@ def _pipeline(settings: Settings, lake: Lake) -> None:
 
 @pytest.mark.kafka
 def test_incremental_runs_and_replay_do_not_bring_forgotten_rows_back(settings: Settings, tmp_path: Path) -> None:
-    from pipelines.replay import replay
+    from pipelines.lake.replay import replay
     from tests.pipelines.otel import Call, Rollout, make_spans, produce, reward_record, span_record
 
     k = settings.kafka

@@ -16,11 +16,11 @@ from dagster import materialize
 from pyarrow.fs import FileSelector
 from typer.testing import CliRunner
 
-from pipelines.assets import all_assets
-from pipelines.checks import all_checks
-from pipelines.query import run_query, secret_params
-from pipelines.replay import replay
-from pipelines.resources import resources_from_settings
+from pipelines.defs.assets import all_assets
+from pipelines.defs.checks import all_checks
+from pipelines.defs.resources import resources_from_settings
+from pipelines.lake.query import run_query, secret_params
+from pipelines.lake.replay import replay
 from schemas.config import Settings
 from schemas.lake import Lake
 from schemas.storage import filesystem

@@ -954,9 +954,9 @@ def run_assets(settings: Any, names: Sequence[str], problems: list[str] | None =
     """
     from dagster import AssetCheckSeverity, DagsterEventType, materialize
 
-    from pipelines.assets import rewards, spans, trajectories, transitions
-    from pipelines.checks import all_checks
-    from pipelines.resources import resources_from_settings
+    from pipelines.defs.assets import rewards, spans, trajectories, transitions
+    from pipelines.defs.checks import all_checks
+    from pipelines.defs.resources import resources_from_settings
 
     defs = {"spans": spans, "rewards": rewards, "trajectories": trajectories, "transitions": transitions}
     checks = [c for c in all_checks if {k.asset_key.path[-1] for k in c.check_keys} <= set(names)]
@@ -987,8 +987,8 @@ def run_assets(settings: Any, names: Sequence[str], problems: list[str] | None =
 
 def run_maintenance(settings: Any) -> None:
     """The real maintenance job (compaction + vacuum of every table), in process."""
-    from pipelines.automation import maintenance_job
-    from pipelines.resources import resources_from_settings
+    from pipelines.defs.automation import maintenance_job
+    from pipelines.defs.resources import resources_from_settings
 
     res = resources_from_settings(settings)
     assert maintenance_job.execute_in_process(resources={"lake": res["lake"]}).success

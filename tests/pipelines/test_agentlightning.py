@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from pipelines.transitions import build
+from pipelines.gold.transitions import build
 from schemas import attributes as A
 from schemas.config import CreditSettings, Settings
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record

@@ -6,7 +6,7 @@ import datetime as dt
 
 import polars as pl
 
-from pipelines.trajectories import assemble
+from pipelines.silver.trajectories import assemble
 from schemas.tables import SPANS
 from schemas.validation import to_table
 

@@ -7,14 +7,10 @@ from pathlib import Path
 
 import polars as pl
 
-from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.incremental import (
-    BASELINE_KEY,
-    _group_chunks,
-    _saved_baseline,
-    update_trajectories,
-    update_transitions,
-)
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.gold.transitions_step import BASELINE_KEY, saved_baseline, update_transitions
+from pipelines.silver.trajectories_step import update_trajectories
+from pipelines.steps import group_chunks
 from schemas.config import CreditSettings, KafkaSettings
 from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
@@ -63,8 +59,8 @@ def test_chunked_steps_write_what_one_chunk_writes(tmp_path: Path) -> None:
 
 
 def test_group_chunks_keep_groups_whole() -> None:
-    assert _group_chunks(["a", "b", "c", "d"], [1, 2, 5, 1], 3) == [["a", "b"], ["c"], ["d"]]
-    assert _group_chunks([], [], 3) == []
+    assert group_chunks(["a", "b", "c", "d"], [1, 2, 5, 1], 3) == [["a", "b"], ["c"], ["d"]]
+    assert group_chunks([], [], 3) == []
 
 
 def test_running_baseline_is_saved_once_per_run_and_survives_compaction(tmp_path: Path) -> None:
@@ -77,11 +73,11 @@ def test_running_baseline_is_saved_once_per_run_and_survives_compaction(tmp_path
     _, x4, _, v4 = build(tmp_path / "small", recs, 4, credit)
     assert x1.drop("created_at", strict=False).equals(x4.drop("created_at", strict=False))
     one, small = Lake(str(tmp_path / "one")), Lake(str(tmp_path / "small"))
-    saved = _saved_baseline(small)
-    assert saved is not None and saved == _saved_baseline(one)
+    saved = saved_baseline(small)
+    assert saved is not None and saved == saved_baseline(one)
     table = small.table("transitions")
     assert table is not None
     carrying = [c.get("version") for c in table.history() if BASELINE_KEY in c]
     assert carrying == [v4]  # the last of the four chunk commits only
     table.optimize.compact()
-    assert small.version("transitions") == v4 + 1 and _saved_baseline(small) == saved
+    assert small.version("transitions") == v4 + 1 and saved_baseline(small) == saved

@@ -7,7 +7,8 @@ import math
 import polars as pl
 import pytest
 
-from pipelines.credit import RunningBaseline, advantages, assign_credit, match_first_occurrence
+from pipelines.gold.baselines import RunningBaseline
+from pipelines.gold.credit import advantages, assign_credit, match_first_occurrence
 
 
 def calls(rollouts: list[tuple[str, str, float, list[float | None]]]) -> pl.DataFrame:

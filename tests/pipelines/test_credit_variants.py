@@ -12,10 +12,12 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.incremental import update_trajectories, update_transitions
-from pipelines.transitions import build
-from pipelines.variants import VariantError, default_name, describe, rebuild_variant, variant_names, variant_table
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.errors import VariantError
+from pipelines.gold.transitions import build
+from pipelines.gold.transitions_step import update_transitions
+from pipelines.gold.variants import default_name, describe, rebuild_variant, variant_names, variant_table
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import CreditSettings
 from schemas.lake import Lake
 from schemas.tables import transitions_variant
@@ -137,7 +139,7 @@ def test_a_running_baseline_variant_starts_fresh(lake: Lake) -> None:
     update_transitions(lake, credit, now=NOW)  # the main table's baseline has now seen every rollout
     res = rebuild_variant(lake, credit, name="rb", now=NOW, chunk_rollouts=1)
     rows = _read(lake, res.table).unique("rollout_id").sort("rollout_id")
-    # r0..r3 were rewarded in that order; the baseline before each is an EMA started empty (pipelines.credit),
+    # r0..r3 were rewarded in that order; the baseline before each is an EMA started empty (pipelines.gold.credit),
     # not the one the main table saved after counting all four
     assert rows["baseline"].to_list() == pytest.approx([0.0, 1.0, 0.5, 0.5])
     assert rows["advantage"].to_list() == pytest.approx([1.0, -1.0, 0.0, 0.5])
@@ -248,8 +250,8 @@ def test_forget_and_retention_reach_the_variants_of_transitions(lake: Lake) -> N
     """A variant is a copy of transition rows: forgetting a rollout or a tenant must remove it there too."""
     import datetime as dt
 
-    from pipelines.forget import forget
-    from pipelines.retention import apply_retention
+    from pipelines.lake.forget import forget
+    from pipelines.lake.retention import apply_retention
 
     variant = rebuild_variant(lake, DISCOUNTED_RLOO, name="d09", now=NOW).table
     assert set(_read(lake, variant)["rollout_id"]) == {"r0", "r1", "r2", "r3"}
@@ -264,7 +266,7 @@ def test_forget_and_retention_reach_the_variants_of_transitions(lake: Lake) -> N
 
 
 def test_a_variant_is_a_view_in_duckdb_and_listed_with_the_tables(lake: Lake) -> None:
-    from pipelines.query import list_tables, run_query
+    from pipelines.lake.query import list_tables, run_query
 
     variant = rebuild_variant(lake, DISCOUNTED_RLOO, name="d09", now=NOW).table
     rows = run_query(lake, f"SELECT count(*) AS n FROM {variant}").to_pylist()

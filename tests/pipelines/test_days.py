@@ -7,8 +7,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pipelines.decoding import KafkaRecord, SpanBatch
-from pipelines.incremental import update_trajectories
+from pipelines.bronze.decoding import KafkaRecord, SpanBatch
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import KafkaSettings
 from schemas.lake import Lake
 from tests.pipelines.otel import MS, Call, Rollout, encode, make_spans

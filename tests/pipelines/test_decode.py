@@ -11,9 +11,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-import pipelines.decoding
-from pipelines.decoding import KafkaRecord, SpanBatch
-from pipelines.ingest import ingest
+import pipelines.bronze.decoding
+from pipelines.bronze.decoding import KafkaRecord, SpanBatch
+from pipelines.bronze.ingest import ingest
 from schemas import attributes as A
 from schemas import span_checks
 from schemas.config import Settings
@@ -27,9 +27,9 @@ def record(r: Rollout, offset: int) -> KafkaRecord:
 
 
 def test_public_names_are_exported() -> None:
-    names = pipelines.decoding.__all__
+    names = pipelines.bronze.decoding.__all__
     assert names == sorted(set(names))
-    assert all(hasattr(pipelines.decoding, name) for name in names)
+    assert all(hasattr(pipelines.bronze.decoding, name) for name in names)
 
 
 def test_nested_attribute_values_read_as_the_real_messages_read_them() -> None:

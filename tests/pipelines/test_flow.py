@@ -7,14 +7,14 @@ import pytest
 from dagster import DagsterInstance, build_sensor_context, materialize
 from typer.testing import CliRunner
 
-from pipelines.assets import all_assets
-from pipelines.automation import kafka_sensor
-from pipelines.checks import all_checks
-from pipelines.query import list_tables, run_query
-from pipelines.replay import replay
-from pipelines.resources import resources_from_settings
-from pipelines.trajectories import TERMINAL
-from pipelines.transitions import build
+from pipelines.defs.assets import all_assets
+from pipelines.defs.automation import kafka_sensor
+from pipelines.defs.checks import all_checks
+from pipelines.defs.resources import resources_from_settings
+from pipelines.gold.transitions import build
+from pipelines.lake.query import list_tables, run_query
+from pipelines.lake.replay import replay
+from pipelines.silver.trajectories import TERMINAL
 from schemas.config import CreditSettings, Settings
 from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, reward_record, span_record

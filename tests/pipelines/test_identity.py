@@ -22,9 +22,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import set_span_in_context
 
-from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.identity import resolve_rollouts
-from pipelines.incremental import update_trajectories, update_transitions
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.gold.transitions_step import update_transitions
+from pipelines.silver.identity import resolve_rollouts
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas import attributes as A
 from schemas.config import CreditSettings, KafkaSettings
 from schemas.lake import Lake

@@ -9,8 +9,9 @@ from typing import Any
 
 import polars as pl
 
-from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.incremental import _saved_baseline, update_trajectories, update_transitions
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.gold.transitions_step import saved_baseline, update_transitions
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import CreditSettings
 from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
@@ -37,7 +38,7 @@ def test_the_running_baseline_advances_once_per_rollout_however_often_its_group_
         deliver(lake, [rollout(i, "task", reward)])
         update_trajectories(lake, KAFKA, idle_timeout_s=1e9, now=NOW)
         update_transitions(lake, credit, now=NOW)
-    saved = json.loads(_saved_baseline(lake) or "{}")
+    saved = json.loads(saved_baseline(lake) or "{}")
     assert saved["agents"]["default"]["solver"]["count"] == len(rewards)
     incremental = pl.read_delta(lake.uri("transitions")).sort("rollout_id")
     # each rollout was compared with the baseline of the rollouts before it, as it arrived

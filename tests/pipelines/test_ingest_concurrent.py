@@ -17,7 +17,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.ingest import app_id, extract_span_rewards, ingest
+from pipelines.bronze.ingest import ingest
+from pipelines.bronze.positions import app_id
+from pipelines.bronze.span_rewards import extract_span_rewards
 from schemas.config import Settings
 from schemas.errors import ConcurrentWriteError
 from schemas.lake import Lake
@@ -110,8 +112,8 @@ def test_ingestion_is_serialized_and_duplicates_block_downstream() -> None:
     """Dagster side: one ingestion per table at a time (a pool of one slot), blocking uniqueness checks."""
     from dagster._core.instance.config import dagster_instance_config
 
-    from pipelines.assets import rewards, spans
-    from pipelines.checks import rewards_unique, spans_unique
+    from pipelines.defs.assets import rewards, spans
+    from pipelines.defs.checks import rewards_unique, spans_unique
 
     home = Path(__file__).resolve().parents[2] / "dagster_home"
     config, _ = dagster_instance_config(str(home))

@@ -17,7 +17,9 @@ from deltalake import DeltaTable
 from typer.testing import CliRunner, Result
 
 from agentlake.stack.broker import LocalBroker, ensure_topics
-from pipelines.ingest import accept_reset, app_id, ingest
+from pipelines.bronze.ingest import ingest
+from pipelines.bronze.log_reset import accept_reset
+from pipelines.bronze.positions import app_id
 from schemas.config import KafkaSettings
 from schemas.errors import LogResetError
 from schemas.kafka import kafka_python_config
@@ -157,7 +159,7 @@ def test_recreated_topic_is_detected(kafka_bootstrap: str, tmp_path: Path) -> No
 
 def test_watermarks_from_before_fingerprints_are_compared_with_rows(tmp_path: Path) -> None:
     """A lake whose watermarks carry no fingerprint (written before them): the record is compared with its rows."""
-    from pipelines.decoding import KafkaRecord, decode_spans
+    from pipelines.bronze.decoding import KafkaRecord, decode_spans
 
     lake = Lake(str(tmp_path / "lake"))
     with LocalBroker(log_path=tmp_path / "tansu.log") as broker:

@@ -26,13 +26,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.forget import Selector, execute
-from pipelines.incremental import update_trajectories
-from pipelines.judging.client import JudgeClient, JudgeUnavailableError
-from pipelines.judging.judge import LlmJudge, fingerprint
-from pipelines.judging.prompt import JudgeAnswerError, answer_schema, build_messages, cut, parse, ranks
-from pipelines.reward_functions import _chunks, affected_groups, group_members, score_trajectories
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.errors import JudgeAnswerError, JudgeUnavailableError
+from pipelines.lake.forget import Selector, execute
+from pipelines.silver.judging.client import JudgeClient
+from pipelines.silver.judging.judge import LlmJudge, fingerprint
+from pipelines.silver.judging.prompt import answer_schema, build_messages, cut, parse, ranks
+from pipelines.silver.reward_functions import affected_groups, group_members, score_trajectories, unit_chunks
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import JudgeSettings, load_settings
 from schemas.errors import ConfigError
 from tests.fixtures_vllm import VllmServer
@@ -270,7 +271,7 @@ def test_a_wanted_member_brings_its_group_and_the_later_windows_of_its_sequence(
 
 def test_chunks_never_split_a_group() -> None:
     units = [{("t", "a"), ("t", "b"), ("t", "c")}, {("t", "d")}, {("t", "e")}, {("t", "c"), ("t", "f")}]
-    chunks = _chunks(units, 2)
+    chunks = unit_chunks(units, 2)
     assert [("t", "a"), ("t", "b"), ("t", "c"), ("t", "f")] in chunks  # merged through c, kept whole
     assert sorted(k for c in chunks for k in c) == sorted({k for u in units for k in u})
 

@@ -11,7 +11,7 @@ import time
 import polars as pl
 import pytest
 
-from pipelines.ingest import ingest
+from pipelines.bronze.ingest import ingest
 from schemas.config import Settings
 from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record
@@ -22,7 +22,7 @@ N_ROLLOUTS = 600
 
 CHILD = """
 import sys, time
-from pipelines.ingest import ingest
+from pipelines.bronze.ingest import ingest
 from schemas.lake import Lake
 from schemas.config import KafkaSettings
 kafka = KafkaSettings.model_validate_json(sys.argv[2])

@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from pipelines.transitions import build
+from pipelines.gold.transitions import build
 from schemas.config import CreditSettings
 from schemas.lake import Lake
 from schemas.tables import LLM_CALL, TRAJECTORIES, TRANSITIONS

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.redact import BUILTIN, JSON_COLUMNS, REDACTED_COLUMN, Redactor, marker, redact_spans
+from pipelines.bronze.redact import BUILTIN, JSON_COLUMNS, REDACTED_COLUMN, Redactor, marker, redact_spans
 from schemas.config import RedactionSettings, load_settings
 from schemas.errors import ConfigError
 from schemas.tables import SPANS

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from pipelines.incremental import update_trajectories
-from pipelines.ingest import app_id, fingerprint_id, ingest
+from pipelines.bronze.ingest import ingest
+from pipelines.bronze.positions import app_id, fingerprint_id
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas import attributes as A
 from schemas.config import RedactionSettings, Settings
 from schemas.lake import Lake

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 from dagster import build_op_context
 
-from pipelines.automation import compact_and_vacuum
-from pipelines.forget import TIME_COLUMNS, honour, recorded
-from pipelines.resources import resources_from_settings
-from pipelines.retention import maintain
+from pipelines.defs.automation import compact_and_vacuum
+from pipelines.defs.resources import resources_from_settings
+from pipelines.lake.forget import TIME_COLUMNS, honour, recorded
+from pipelines.lake.retention import maintain
 from schemas.config import load_settings
 from schemas.config.lake import RETENTION_TABLES
 from schemas.errors import ConfigError

@@ -8,10 +8,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipelines.decoding import KafkaRecord, SpanBatch
-from pipelines.retokenize import Retokenizer
-from pipelines.trajectories import assemble
-from pipelines.transitions import build
+from pipelines.bronze.decoding import KafkaRecord, SpanBatch
+from pipelines.gold.retokenize import Retokenizer
+from pipelines.gold.transitions import build
+from pipelines.silver.trajectories import assemble
 from schemas.config import CreditSettings
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
 

@@ -20,13 +20,14 @@ import pytest
 from dagster import materialize
 
 from agentlake import Trajectory, reward_fn
-from pipelines.assets import reward_functions, transitions
-from pipelines.decoding import KafkaRecord, decode_reward_event, decode_spans
-from pipelines.identity import resolve_rollouts
-from pipelines.incremental import update_trajectories
-from pipelines.resources import CreditResource, LakeResource, TokenizerResource
-from pipelines.reward_functions import RewardFunctionError, load, reward_id, score_trajectories, scored_rewards
-from pipelines.trajectories import assemble
+from pipelines.bronze.decoding import KafkaRecord, decode_reward_event, decode_spans
+from pipelines.defs.assets import reward_functions, transitions
+from pipelines.defs.resources import CreditResource, LakeResource, TokenizerResource
+from pipelines.errors import RewardFunctionError
+from pipelines.silver.identity import resolve_rollouts
+from pipelines.silver.reward_functions import load, reward_id, score_trajectories, scored_rewards
+from pipelines.silver.trajectories import assemble
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas.lake import Lake
 from schemas.tables import REWARDS
 from tests.pipelines.otel import Call, Rollout, encode, make_spans

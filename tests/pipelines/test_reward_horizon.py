@@ -17,16 +17,13 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from pipelines.credit import TenantBaselines
-from pipelines.decoding import KafkaRecord, decode_spans
-from pipelines.decoding.rewards import decode_reward_event
-from pipelines.incremental import (
-    StepResult,
-    _saved_baseline,
-    horizon_due,
-    update_trajectories,
-    update_transitions,
-)
+from pipelines.bronze.decoding import KafkaRecord, decode_spans
+from pipelines.bronze.decoding.rewards import decode_reward_event
+from pipelines.gold.baselines import TenantBaselines
+from pipelines.gold.reward_horizon import horizon_due
+from pipelines.gold.transitions_step import saved_baseline, update_transitions
+from pipelines.silver.trajectories_step import update_trajectories
+from pipelines.steps import StepResult
 from schemas.config import CreditSettings
 from schemas.lake import Lake
 from schemas.tables import REWARDS
@@ -132,7 +129,7 @@ def test_a_late_reward_replaces_the_default_and_the_running_baseline_counts_it_o
     feed.run(T0 + 2 * HOUR)  # r1 expires: trained with 0.0, compared with r0's 1.0
     r1 = feed.row("r1")
     assert (r1["reward"], r1["reward_source"], r1["baseline"], r1["advantage"]) == (0.0, "default", 1.0, -1.0)
-    saved = TenantBaselines.from_json(_saved_baseline(feed.lake)).of("default", "solver")
+    saved = TenantBaselines.from_json(saved_baseline(feed.lake)).of("default", "solver")
     assert saved.count == 1  # a default reward is compared with the baseline but never moves it
 
     # r2 is counted while r1 still holds the default
@@ -147,14 +144,14 @@ def test_a_late_reward_replaces_the_default_and_the_running_baseline_counts_it_o
     r1 = feed.row("r1")
     assert (r1["reward"], r1["reward_source"]) == (0.5, "event")
     assert r1["baseline"] == 0.5 and r1["advantage"] == 0.0  # the mean of r0 and r2, before r1
-    saved = TenantBaselines.from_json(_saved_baseline(feed.lake)).of("default", "solver")
+    saved = TenantBaselines.from_json(saved_baseline(feed.lake)).of("default", "solver")
     assert (saved.count, saved.value) == (3, 0.5)
     again = feed.run(T0 + 26 * HOUR)
     assert again.version is None
     feed.reward("r1", 0.5, T0 + 24 * HOUR)  # the same event delivered twice: its group is built again
     feed.run(T0 + 27 * HOUR)
     assert feed.row("r1")["baseline"] == 0.5
-    saved = TenantBaselines.from_json(_saved_baseline(feed.lake)).of("default", "solver")
+    saved = TenantBaselines.from_json(saved_baseline(feed.lake)).of("default", "solver")
     assert saved.count == 3
 
 
@@ -195,9 +192,9 @@ def test_a_transitions_table_from_before_reward_source_gains_the_column(tmp_path
 
 
 def test_the_reward_source_is_that_of_the_reward_credit_chose(tmp_path: Path) -> None:
-    from pipelines.identity import resolve_rollouts
-    from pipelines.trajectories import assemble
-    from pipelines.transitions import build
+    from pipelines.gold.transitions import build
+    from pipelines.silver.identity import resolve_rollouts
+    from pipelines.silver.trajectories import assemble
 
     feed = Feed(tmp_path / "lake", CreditSettings())
     feed.rollout("r1", T0, reward=1.0)  # a primary reward span

@@ -7,9 +7,9 @@ import polars as pl
 import pytest
 from dagster import AssetCheckSeverity, materialize
 
-from pipelines.assets import all_assets, policy
-from pipelines.checks import all_checks
-from pipelines.resources import resources_from_settings
+from pipelines.defs.assets import all_assets, policy
+from pipelines.defs.checks import all_checks
+from pipelines.defs.resources import resources_from_settings
 from schemas.config import Settings
 from schemas.lake import Lake
 from tests.pipelines.otel import Call, Rollout, make_spans, produce, span_record

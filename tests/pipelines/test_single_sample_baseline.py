@@ -1,7 +1,7 @@
 """The running baseline on single-sample traffic (issue 13): each task seen once, rewards late.
 
 A rollout's advantage is its reward minus the running mean of its (tenant, agent), taken over the
-rollouts whose rewards became known before its own (`pipelines.credit`). That order is a property
+rollouts whose rewards became known before its own (`pipelines.gold.credit`). That order is a property
 of the events, not of the runs: when the lake fills in time order (a run sees everything up to its
 moment), running the steps after every batch, however the batches fall, gives the transitions one
 run over everything gives. Hypothesis draws the rollouts, their late rewards (or none) and the
@@ -18,8 +18,9 @@ import polars as pl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pipelines.credit import TenantBaselines
-from pipelines.incremental import _saved_baseline, update_trajectories, update_transitions
+from pipelines.gold.baselines import TenantBaselines
+from pipelines.gold.transitions_step import saved_baseline, update_transitions
+from pipelines.silver.trajectories_step import update_trajectories
 from schemas.config import CreditSettings
 from tests.pipelines.test_identity import KAFKA
 from tests.pipelines.test_reward_horizon import T0, Feed
@@ -72,7 +73,7 @@ def table(feed_: Feed) -> pl.DataFrame:
 
 
 def saved(feed_: Feed) -> str:
-    return TenantBaselines.from_json(_saved_baseline(feed_.lake)).to_json()
+    return TenantBaselines.from_json(saved_baseline(feed_.lake)).to_json()
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -111,5 +112,5 @@ def test_each_agent_has_its_own_baseline_in_the_order_rewards_became_known(tmp_p
     rows = table(feed_).select("rollout_id", "baseline", "advantage").rows()
     # a: r1 (1.0), r3 (0.0) then r0 (0.5, known last); b's -4.0 never enters a's mean
     assert rows == [("r0", 0.5, 0.0), ("r1", 0.0, 1.0), ("r2", 0.0, -4.0), ("r3", 1.0, -1.0)]
-    state = TenantBaselines.from_json(_saved_baseline(feed_.lake))
+    state = TenantBaselines.from_json(saved_baseline(feed_.lake))
     assert (state.of("default", "a").count, state.of("default", "b").count) == (3, 1)

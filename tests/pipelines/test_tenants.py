@@ -5,7 +5,7 @@ Each test delivers tenant A's rollout, runs the pipeline, keeps A's `trajectorie
 trace id, response id, event id, attempt id or task id) and runs again: A's rows must be exactly
 what they were, and B's data must land in rows of B's own. Records go through a real broker with
 the tenant header the collector stamps from the bearer token (and the body's ``tenant`` it adds to
-reward events), are ingested by `pipelines.ingest` into real Delta tables and assembled by the
+reward events), are ingested by `pipelines.bronze.ingest` into real Delta tables and assembled by the
 real steps, as the Dagster assets do.
 """
 
@@ -21,9 +21,10 @@ import pyarrow as pa
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from pipelines.credit import RunningBaseline
-from pipelines.incremental import REMOVED_KEY, _removed_rollouts, update_trajectories, update_transitions
-from pipelines.ingest import ingest
+from pipelines.bronze.ingest import ingest
+from pipelines.gold.baselines import RunningBaseline
+from pipelines.gold.transitions_step import removed_rollouts, update_transitions
+from pipelines.silver.trajectories_step import REMOVED_KEY, update_trajectories
 from schemas.config import CreditSettings, Settings, load_settings
 from schemas.lake import Lake
 from schemas.tables import TRAJECTORIES
@@ -211,10 +212,10 @@ def test_the_running_baseline_is_kept_per_tenant(settings: Settings) -> None:
     assert mine.select("rollout_id", "baseline", "advantage").rows() == [("a0", 0.0, 1.0), ("a1", 1.0, -1.0)]
     theirs = tenants.rows("transitions", B)
     assert theirs.select("rollout_id", "baseline").rows() == [("a0", -1.0), ("b0", 0.0)]
-    from pipelines.credit import TenantBaselines  # (imported here: the module runs against older code too)
-    from pipelines.incremental import _saved_baseline
+    from pipelines.gold.baselines import TenantBaselines  # (imported here: the module runs against older code too)
+    from pipelines.gold.transitions_step import saved_baseline
 
-    saved = TenantBaselines.from_json(_saved_baseline(tenants.lake))
+    saved = TenantBaselines.from_json(saved_baseline(tenants.lake))
     assert (saved.of(A, "solver").count, saved.of(B, "solver").count) == (2, 2)
 
 
@@ -258,7 +259,7 @@ def test_transition_ids_keep_the_default_tenant_and_never_collide_across_tenants
 def test_a_lake_from_before_tenants_were_keys_keeps_its_baseline_and_removals(tmp_path: Path) -> None:
     """Commit metadata written by the previous code: a running baseline without tenants is the
     default tenant's, and removed rollouts named without a tenant are taken as removed in every tenant."""
-    from pipelines.credit import TenantBaselines  # (imported here: the module runs against older code too)
+    from pipelines.gold.baselines import TenantBaselines  # (imported here: the module runs against older code too)
 
     legacy = RunningBaseline(0.5, 3).to_json()
     state = TenantBaselines.from_json(legacy)
@@ -273,14 +274,14 @@ def test_a_lake_from_before_tenants_were_keys_keeps_its_baseline_and_removals(tm
     lake.write("trajectories", pa.Table.from_batches([], empty.schema), metadata={REMOVED_KEY: json.dumps([[A, "r"]])})
     table = lake.table("trajectories")
     assert table is not None
-    assert _removed_rollouts(table, None) == ({(A, "r")}, {"old-r"})
+    assert removed_rollouts(table, None) == ({(A, "r")}, {"old-r"})
 
 
 def test_the_uniqueness_check_counts_a_redelivery_within_a_tenant_only(tenants: Tenants) -> None:
     """The same trace and span ids from two tenants are two spans, not a client's retried export;
     the same spans sent twice by one tenant are (counted as ``redelivered``, never failed)."""
-    from pipelines.checks import spans_unique
-    from pipelines.resources import LakeResource
+    from pipelines.defs.checks import spans_unique
+    from pipelines.defs.resources import LakeResource
 
     spans = tenants.spans(A, rollout("r", 1.0, task_id="t"))
     produce(tenants.kafka, tenants.kafka.spans_topic, [span_record(spans, tenant=B)])

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from dagster import Definitions, build_resources
 
-from pipelines.assets import all_assets
-from pipelines.resources import SECRET_ENV_PREFIX, resources_from_settings
+from pipelines.defs.assets import all_assets
+from pipelines.defs.resources import SECRET_ENV_PREFIX, resources_from_settings
 from schemas.config import load_settings
 from schemas.errors import ConfigError
 

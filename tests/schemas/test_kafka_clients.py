@@ -209,8 +209,8 @@ def test_every_construction_site_uses_the_settings(
 
     from collectors.gateway.serve import GatewayServer
     from collectors.receivers import CollectorServer
-    from pipelines.ingest import fetch_config, make_fetcher
-    from pipelines.resources import resources_from_settings
+    from pipelines.bronze.fetch import fetch_config, make_fetcher
+    from pipelines.defs.resources import resources_from_settings
 
     s: Settings = load_settings(
         environ={},

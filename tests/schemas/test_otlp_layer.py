@@ -19,6 +19,6 @@ def test_both_sides_read_otlp_through_it() -> None:
     """No second copy of the wire code: the collector and the decoder import the layer."""
     root = pathlib.Path(schemas.otlp.__file__).parents[2]
     assert "from schemas.otlp" in (root / "collectors" / "records.py").read_text()
-    decoding = "".join(p.read_text() for p in (root / "pipelines" / "decoding").glob("*.py"))
+    decoding = "".join(p.read_text() for p in (root / "pipelines" / "bronze" / "decoding").glob("*.py"))
     for module in ("lite", "values", "packed"):
         assert re.search(rf"from schemas\.otlp(\.{module} import| import .*\b{module}\b)", decoding), module

@@ -171,7 +171,7 @@ def test_schemas_imports_nothing_of_ours() -> None:
 
 
 def test_spans_v3_and_v4_columns_come_last_and_nullable() -> None:
-    """v3 adds `redacted` (pipelines.redact), v4 `policy_sha256` (the served adapter's manifest hash),
+    """v3 adds `redacted` (pipelines.bronze.redact), v4 `policy_sha256` (the served adapter's manifest hash),
     each last and nullable: an older table gains them by a schema merge."""
     assert tables.schema_version(tables.SPANS) == 4
     field = tables.SPANS.field("redacted")

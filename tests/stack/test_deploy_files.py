@@ -18,8 +18,8 @@ import yaml
 from dagster import DagsterInstance
 
 from agentlake.stack import dagster, postgres
-from pipelines.assets.policy import GPU_TAGS, policy
-from pipelines.automation import policy_job
+from pipelines.defs.assets.policy import GPU_TAGS, policy
+from pipelines.defs.automation import policy_job
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

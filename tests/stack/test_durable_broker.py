@@ -103,7 +103,7 @@ def _spans_in_lake(settings: Settings) -> list[tuple[str, str]]:
 
 
 def _ingest(settings: Settings) -> int:
-    from pipelines.ingest import ingest
+    from pipelines.bronze.ingest import ingest
     from schemas.lake import Lake
 
     return ingest(Lake(settings.lake.root), settings.kafka, "spans", workers=0).records
@@ -111,8 +111,8 @@ def _ingest(settings: Settings) -> int:
 
 def _pending(settings: Settings) -> bool:
     """What the Kafka sensor decides: records the lake does not hold yet (hints, then a fetch)."""
-    from pipelines.automation import pending
-    from pipelines.ingest import end_offsets_hint, make_consumer
+    from pipelines.bronze.offset_hints import end_offsets_hint, make_consumer
+    from pipelines.defs.automation import pending
     from schemas.lake import Lake
 
     consumer = make_consumer(settings.kafka)

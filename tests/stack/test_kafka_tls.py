@@ -67,7 +67,7 @@ def fetch_all(k: KafkaSettings, topic: str, expect: int, timeout_s: float = 20.0
     """Read ``topic`` with ingestion's own fetcher (confluent-kafka over TLS)."""
     from confluent_kafka import TopicPartition
 
-    from pipelines.ingest import make_fetcher
+    from pipelines.bronze.fetch import make_fetcher
 
     consumer = make_fetcher(k)
     try:
@@ -84,7 +84,7 @@ def fetch_all(k: KafkaSettings, topic: str, expect: int, timeout_s: float = 20.0
 def test_every_client_over_mutual_tls(broker: TlsBroker, tls: TlsFiles, tmp_path: Path) -> None:
     from kafka import TopicPartition
 
-    from pipelines.ingest import make_consumer
+    from pipelines.bronze.offset_hints import make_consumer
     from trainer.releases import send_release_event
 
     s = tls_settings(broker, tls, tmp_path)
@@ -140,7 +140,7 @@ def test_a_client_without_its_certificate_is_refused(broker: TlsBroker, tls: Tls
 
     from confluent_kafka import KafkaException
 
-    from pipelines.ingest import make_fetcher
+    from pipelines.bronze.fetch import make_fetcher
 
     consumer = make_fetcher(s.kafka)
     try:

@@ -160,8 +160,8 @@ def test_the_policy_asset_gates_its_version_on_the_canary(
     from dagster import build_asset_context
     from transformers import AutoTokenizer
 
-    from pipelines.assets.policy import policy
-    from pipelines.resources import KAFKA_SECRETS, KafkaResource, LakeResource, TrainerResource
+    from pipelines.defs.assets.policy import policy
+    from pipelines.defs.resources import KAFKA_SECRETS, KafkaResource, LakeResource, TrainerResource
     from schemas.config import load_settings
     from tests.trainer.helpers import transition, write_transitions
     from trainer.eval_gate import load_eval_tasks

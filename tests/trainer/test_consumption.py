@@ -57,7 +57,7 @@ def _compact_and_vacuum(lake: Path) -> None:
 
 
 def _rewrite_groups(lake: Path, rows: list[dict[str, Any]], groups: list[str]) -> int:
-    """What `pipelines.incremental.update_transitions` does to a recomputed group: overwrite it with a predicate."""
+    """What `pipelines.gold.transitions_step.update_transitions` does to a recomputed group: overwrite it."""
     from schemas.lake import in_list
 
     table = pa.Table.from_pylist(rows, schema=TRANSITIONS)
@@ -66,7 +66,7 @@ def _rewrite_groups(lake: Path, rows: list[dict[str, Any]], groups: list[str]) -
 
 def _sensor_count(lake: Path) -> int:
     """The Dagster training sensor's count of new transitions."""
-    from pipelines.automation import new_transitions
+    from pipelines.defs.automation import new_transitions
 
     return new_transitions(load_settings(environ={}, overrides={"lake": {"root": str(lake)}}))[0]
 
@@ -117,7 +117,7 @@ def test_a_group_rewrite_of_trained_transitions_trains_only_its_new_rows(
 def test_over_several_versions_each_transition_is_consumed_once_and_lineage_joins_in_sql(
     lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]]
 ) -> None:
-    from pipelines.query import run_query
+    from pipelines.lake.query import run_query
 
     cfg = _cfg(lake, tiny_model_dir, lake.parent / "models")
     write_transitions(lake, _rows(tokens, range(0, 5)))

@@ -184,8 +184,8 @@ def test_a_failing_rank_ends_the_job_with_its_error(
 def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_model_dir: Path, parallel: str) -> None:
     from dagster import materialize
 
-    from pipelines.assets.policy import policy
-    from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+    from pipelines.defs.assets.policy import policy
+    from pipelines.defs.resources import KafkaResource, LakeResource, TrainerResource
 
     lake = tmp_path / "lake"
     write_transitions(lake, _rows())

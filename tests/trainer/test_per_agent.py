@@ -170,8 +170,8 @@ def test_the_policy_asset_trains_every_line_and_says_which(
 ) -> None:
     from dagster import build_asset_context
 
-    from pipelines.assets.policy import policy
-    from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+    from pipelines.defs.assets.policy import policy
+    from pipelines.defs.resources import KafkaResource, LakeResource, TrainerResource
 
     write_transitions(lake, _rows(tokens, range(0, 3), "planner") + _rows(tokens, range(100, 101), "solver"))
     resource = TrainerResource(

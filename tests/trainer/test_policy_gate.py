@@ -14,8 +14,8 @@ import httpx
 import pytest
 from dagster import build_asset_context
 
-from pipelines.assets.policy import policy
-from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+from pipelines.defs.assets.policy import policy
+from pipelines.defs.resources import KafkaResource, LakeResource, TrainerResource
 from schemas.config import load_settings
 from schemas.lake import Lake
 from tests.fixtures_vllm import VllmServer

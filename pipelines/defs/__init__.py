@@ -1,0 +1,1 @@
+"""The Dagster wiring: definitions, resources, assets, sensors and schedules, asset checks."""

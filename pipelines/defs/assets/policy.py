@@ -1,0 +1,95 @@
+"""The `policy` asset: train one version on new transitions and republish it to vLLM.
+
+A thin shell over ``trainer.lines.train_lines`` (one round per agent's policy line when
+``trainer.agents`` lists some, else ``trainer.round.train_once`` for the single policy; with
+``trainer.nproc`` > 1 as a data-parallel torchrun job, ``trainer.distributed.launch``) and
+``trainer.publish.Publisher``, gated on ``trainer.eval_tasks`` and restarting vLLM on full weights
+through ``vllm.restart_command`` as the CLI's publish does; the metadata (loss, KL, reward, tokens/s,
+publish latency, eval scores) is numeric so Dagster plots it across versions, prefixed ``<agent>/`` per line.
+"""
+
+import time
+from typing import TYPE_CHECKING
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+
+from pipelines.defs.assets.gold import transitions
+from pipelines.defs.resources import TrainerResource
+
+if TYPE_CHECKING:
+    from schemas.config import Settings
+    from trainer.round import RoundResult
+
+# Where a Kubernetes deployment (deploy/helm: K8sRunLauncher) trains: a pod with one GPU, on a node that
+# has one (the label NVIDIA's GPU feature discovery sets), tolerating the usual GPU taint. The run launcher
+# reads it from the run's tags (the `train` job carries them), the k8s_job_executor from the step's; the
+# local launchers ignore it. `agentlake/gpu` is what the run queue limits (deploy/dagster.yaml).
+GPU_K8S_CONFIG = {
+    "container_config": {"resources": {"limits": {"nvidia.com/gpu": 1}}},
+    "pod_spec_config": {
+        "node_selector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+GPU_TAGS = {"dagster-k8s/config": GPU_K8S_CONFIG, "agentlake/gpu": "1"}
+
+
+@asset(
+    group_name="policy",
+    deps=[transitions],
+    op_tags=GPU_TAGS,
+    description="A new policy version trained on the transitions since the last one, published to vLLM.",
+)
+def policy(context: AssetExecutionContext, trainer: TrainerResource) -> MaterializeResult:
+    from trainer.distributed import train_rounds
+
+    settings = trainer.settings()
+    t0 = time.perf_counter()
+    # one round per agent's policy line (trainer.agents), else the single policy; with trainer.nproc > 1
+    # a data-parallel torchrun job, its log in this run's
+    results = train_rounds(settings, echo=context.log.info)
+    if len(results) == 1 and results[0].agent is None:
+        return MaterializeResult(metadata=_round(context, trainer, settings, results[0], t0))
+    meta: dict[str, object] = {"trained": False}
+    for result in results:
+        one = _round(context, trainer, settings, result, t0)
+        meta["trained"] = bool(meta["trained"] or one["trained"])
+        meta.update({f"{result.agent}/{k}": v for k, v in one.items()})
+    return MaterializeResult(metadata=meta)
+
+
+def _round(
+    context: AssetExecutionContext, trainer: TrainerResource, settings: "Settings", result: "RoundResult", t0: float
+) -> dict[str, object]:
+    """One line's round as metadata; its new version published when the resource says so."""
+    from trainer.eval_gate import load_eval_tasks
+    from trainer.publish import Publisher
+    from trainer.restart import command_restart
+
+    line = f"{result.agent}: " if result.agent else ""
+    if result.version is None:
+        context.log.info(f"{line}no new version: {result.reason}")
+        return {"trained": False, "reason": result.reason, "n_transitions": result.n_transitions}
+    meta: dict[str, object] = {
+        "trained": True,
+        "version": result.version,
+        "parent_version": result.parent_version or "-",
+        "n_transitions": result.n_transitions,
+        "transitions_versions": f"{result.version_start + 1 if result.version_start is not None else 0}"
+        f"..{result.version_end}",
+        "train_seconds": round(time.perf_counter() - t0, 2),
+        "path": MetadataValue.path(result.path or ""),
+    }
+    meta.update({k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)})
+    if trainer.publish:
+        publisher = Publisher.from_settings(
+            settings,
+            eval_tasks=load_eval_tasks(settings.trainer.eval_tasks),  # the gate, as the CLI's publish has it
+            restart=command_restart(settings.vllm.restart_command),  # full weights: the deployment's restart
+        )
+        published = publisher.publish(result.version)
+        meta.update(publish_status=published.status, publish_seconds=round(published.seconds, 3))
+        meta.update({f"eval_{k}": v for k, v in published.scores.items()})
+        scores = ", ".join(f"{k} {v:.3f}" for k, v in published.scores.items())
+        context.log.info(f"{line}{result.version}: {published.status} in {published.seconds:.2f}s {scores}".strip())
+    return meta

@@ -1,0 +1,154 @@
+"""Asset checks: the invariants the trainer relies on, evaluated on the tables as written."""
+
+import polars as pl
+from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
+
+from pipelines.defs.assets import rewards, spans, trajectories, transitions
+from pipelines.defs.resources import LakeResource
+from trainer.provenance import is_unverified, registered_hashes
+from trainer.registry import Registry
+
+MIN_REWARD_COVERAGE = 0.5
+
+
+# Exactly-once ingestion: one row per span (reward) of each Kafka record. A record twice in a table
+# means a batch was committed twice; these checks are blocking, so such a run fails and nothing
+# downstream is built from the duplicates. A client that re-sent a span (a retried OTLP export)
+# puts it in another record: that is counted, not failed (trajectory assembly keeps one).
+_ORIGIN = ["kafka_topic", "kafka_partition", "kafka_offset"]
+
+
+def _unique(lake: LakeResource, table: str, key: list[str], redelivery_key: list[str]) -> AssetCheckResult:
+    scan = lake.lake().scan(table)
+    if scan is None:
+        return AssetCheckResult(passed=True, metadata={"rows": 0})
+    counts = scan.select(
+        pl.len().alias("rows"),
+        pl.struct(*_ORIGIN, *key).n_unique().alias("unique"),
+        pl.struct(*redelivery_key).n_unique().alias("distinct"),
+    ).collect()
+    rows, unique, distinct = (int(counts[c][0]) for c in ("rows", "unique", "distinct"))
+    return AssetCheckResult(
+        passed=rows == unique,
+        metadata={"rows": rows, "duplicates": rows - unique, "redelivered": unique - distinct},
+    )
+
+
+@asset_check(
+    asset=spans,
+    blocking=True,
+    description="Each span of each Kafka record is stored once (exactly-once ingestion); blocks downstream.",
+)
+def spans_unique(lake: LakeResource) -> AssetCheckResult:
+    return _unique(lake, "spans", ["trace_id", "span_id"], ["tenant", "trace_id", "span_id"])
+
+
+@asset_check(
+    asset=rewards,
+    blocking=True,
+    description="Each reward of each Kafka record is stored once (exactly-once ingestion); blocks downstream.",
+)
+def rewards_unique(lake: LakeResource) -> AssetCheckResult:
+    return _unique(lake, "rewards", ["source", "reward_id"], ["tenant", "source", "reward_id"])
+
+
+@asset_check(asset=transitions, description="Response ids, logprobs and loss mask have the same length.")
+def transitions_lengths(lake: LakeResource) -> AssetCheckResult:
+    scan = lake.lake().scan("transitions")
+    if scan is None:
+        return AssetCheckResult(passed=True, metadata={"rows": 0})
+    n = pl.col("response_ids").list.len()
+    bad = scan.select(
+        pl.len().alias("rows"),
+        (
+            (pl.col("loss_mask").list.len() != n)
+            | (pl.col("response_logprobs").is_not_null() & (pl.col("response_logprobs").list.len() != n))
+        )
+        .sum()
+        .alias("bad"),
+    ).collect()
+    return AssetCheckResult(
+        passed=int(bad["bad"][0]) == 0, metadata={"rows": int(bad["rows"][0]), "mismatched": int(bad["bad"][0])}
+    )
+
+
+@asset_check(asset=transitions, description="Every reward, return and advantage is a finite number.")
+def transitions_finite(lake: LakeResource) -> AssetCheckResult:
+    scan = lake.lake().scan("transitions")
+    if scan is None:
+        return AssetCheckResult(passed=True, metadata={"rows": 0})
+    cols = ["reward", "return", "advantage"]
+    bad = scan.select(pl.any_horizontal([~pl.col(c).is_finite() for c in cols]).sum().alias("bad")).collect()
+    n_bad = int(bad["bad"][0])
+    return AssetCheckResult(passed=n_bad == 0, metadata={"non_finite": n_bad})
+
+
+@asset_check(
+    asset=transitions,
+    description="Every adapter hash recorded with a transition is its version's registered hash (model_versions).",
+)
+def transitions_served_adapters_known(lake: LakeResource) -> AssetCheckResult:
+    """Flag transitions whose (policy version, policy_sha256) the registry does not know (``trainer.provenance``).
+
+    Such rows were sampled by files that are not the version they are named after: a replica that
+    kept an old adapter under a new name, a version folder changed after registration, another
+    lake's version. A WARN, not a failure: the rows are well-formed, the trainer already refuses them
+    for its losses, and the fault is in serving, which blocking the lake would not repair (it would
+    stop every other row from being built). The metadata names the pairs so the replica can be found.
+    """
+    the_lake = lake.lake()
+    scan = the_lake.scan("transitions")
+    if scan is None or "policy_sha256" not in scan.collect_schema().names():  # none yet, or from before v4
+        return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN, metadata={"rows_with_hash": 0})
+    pairs = (
+        scan.filter(pl.col("policy_sha256").is_not_null())
+        .group_by("policy_version", "policy_sha256")
+        .agg(pl.len().alias("rows"))
+        .sort("policy_version", "policy_sha256")
+        .collect()
+    )
+    registered = registered_hashes(Registry(the_lake).rows())
+    unknown = [
+        {"policy_version": pv, "policy_sha256": sha, "rows": n}
+        for pv, sha, n in pairs.iter_rows()
+        if is_unverified(pv, sha, registered)
+    ]
+    n_unknown = sum(u["rows"] for u in unknown)
+    return AssetCheckResult(
+        passed=n_unknown == 0,
+        severity=AssetCheckSeverity.WARN,
+        metadata={
+            "rows_with_hash": int(pairs["rows"].sum()) if pairs.height else 0,
+            "unknown_rows": n_unknown,
+            "unknown_pairs": MetadataValue.json(unknown),
+        },
+    )
+
+
+@asset_check(asset=trajectories, description="Share of ended trajectories that have a reward.")
+def reward_coverage(lake: LakeResource) -> AssetCheckResult:
+    scan = lake.lake().scan("trajectories")
+    if scan is None:
+        return AssetCheckResult(passed=True, metadata={"ended": 0})
+    c = (
+        scan.filter(pl.col("status") != "running")
+        .select(pl.len().alias("ended"), pl.col("final_reward").is_not_null().sum().alias("rewarded"))
+        .collect()
+    )
+    ended, rewarded = int(c["ended"][0]), int(c["rewarded"][0])
+    coverage = rewarded / ended if ended else 1.0
+    return AssetCheckResult(
+        passed=coverage >= MIN_REWARD_COVERAGE,
+        severity=AssetCheckSeverity.WARN,
+        metadata={"ended": ended, "rewarded": rewarded, "coverage": round(coverage, 4)},
+    )
+
+
+all_checks = [
+    spans_unique,
+    rewards_unique,
+    transitions_lengths,
+    transitions_finite,
+    transitions_served_adapters_known,
+    reward_coverage,
+]

@@ -1,0 +1,1 @@
+"""Gold: trajectories to credit-assigned `transitions` (credit, advantage estimators, reward horizon, variants)."""

@@ -1,0 +1,1 @@
+"""Operations on the whole lake: forget (erasure), retention, replay from Kafka, queries."""

@@ -1,0 +1,275 @@
+"""The silver step: re-assemble every rollout touched by new spans, new reward events or idleness.
+
+Incremental as `pipelines.steps` says: the `spans` and `rewards` offsets it has read go into
+`trajectories` as app transactions, with the rows they produced.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+import pyarrow.compute as pc
+
+from pipelines import keys
+from pipelines.bronze.positions import app_id
+from pipelines.silver.identity import resolve_rollouts
+from pipelines.silver.trajectories import assemble, empty_rewards
+from pipelines.steps import StepResult, pairs
+from schemas import attributes as A
+from schemas.config import KafkaSettings
+from schemas.lake import Lake, unseen_offsets
+
+REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
+
+
+def _offset_ranges(
+    lake: Lake, source: str, topic: str, target: str, prefix: str
+) -> tuple[pl.Expr | None, dict[str, int]]:
+    """Rows of ``source`` from ``topic`` not yet seen by ``target``, as a filter + new watermarks."""
+    src = lake.table(source)
+    if src is None:
+        return None, {}
+    return unseen_offsets(
+        src,
+        topic,
+        watermark=lambda p: app_id(topic, p),
+        seen=lambda p: lake.txn(target, f"{prefix}:{topic}:{p}"),
+        seen_app=lambda p: f"{prefix}:{topic}:{p}",
+    )
+
+
+def update_trajectories(
+    lake: Lake,
+    kafka: KafkaSettings,
+    *,
+    idle_timeout_s: float,
+    reward_name: str | None = None,
+    now: dt.datetime | None = None,
+    chunk_rollouts: int = 10_000,
+) -> StepResult:
+    """Re-assemble every rollout touched by new spans, new reward events or the idle watermark.
+
+    A rollout is rebuilt from every span of every trace that resolves to it (`pipelines/silver/identity.py`),
+    so a piece of a trace that arrives after others, or names the rollout they did not, moves the
+    whole trace and removes the trajectory it was filed under before. Rollouts are taken
+    ``chunk_rollouts`` at a time, one commit each, so memory follows the chunk, not the backlog;
+    the watermarks go in with the last chunk. Each commit's ``updated_at`` is later than every row
+    committed before it, so the transitions step never misses a chunk it has not read yet.
+    """
+    now = now or dt.datetime.now(dt.UTC)
+    res = StepResult()
+    spans_table = lake.table("spans")
+    if spans_table is None:
+        return res
+    spans_cond, span_txns = _offset_ranges(lake, "spans", kafka.spans_topic, "trajectories", "spans")
+    ev_cond, ev_txns = _offset_ranges(lake, "rewards", kafka.rewards_topic, "trajectories", "rewards")
+    spans = pl.scan_delta(spans_table)  # one snapshot for the whole run
+    rewards = lake.scan("rewards")
+    traj = lake.scan("trajectories")
+    cutoff = now - dt.timedelta(seconds=idle_timeout_s)
+    plan = _plan_rollouts(spans, rewards, traj, spans_cond, ev_cond, cutoff)
+    txns = {**span_txns, **ev_txns}
+    ids = sorted(plan.rollouts)
+    stamp = _next_stamp(traj, now)
+    for start in range(0, max(len(ids), 1), chunk_rollouts):
+        chunk = ids[start : start + chunk_rollouts]
+        last = start + chunk_rollouts >= len(ids)
+        if not chunk:
+            if txns:
+                res.version = lake.write("trajectories", _empty_table("trajectories"), txns=txns)
+            break
+        traces = sorted({(r[0], t) for r in chunk for t in plan.traces.get(r, ())})
+        load = keys.among(traces, "trace_id")
+        days = [plan.first_day[t] for t in traces if t in plan.first_day]
+        if days and len(days) == len(traces):
+            load = (pl.col("day") >= min(days)) & load
+        rows = keys.keep(spans.filter(load).collect(engine="streaming"), traces, "trace_id")
+        rows = keys.keep(resolve_rollouts(rows), chunk, "rollout_id")
+        events = empty_rewards()
+        if rewards is not None and rows.height:
+            events = _events_of(rewards, rows, chunk)
+        table = assemble(
+            rows, events, now=now, idle_timeout_s=idle_timeout_s, updated_at=stamp, reward_name=reward_name
+        )
+        stamp += dt.timedelta(microseconds=1)
+        kept = zip(table.column("tenant").to_pylist(), table.column("rollout_id").to_pylist(), strict=True)
+        removed = sorted(set(chunk) - set(kept))
+        res.version = lake.write(
+            "trajectories",
+            table,
+            txns=txns if last else None,
+            mode="overwrite",
+            predicate=keys.predicate(chunk, "rollout_id"),
+            metadata={REMOVED_KEY: json.dumps([list(r) for r in removed])} if removed else None,
+        )
+        if removed:
+            res.extra["removed"] = res.extra.get("removed", 0) + len(removed)
+        res.rows += table.num_rows
+        res.rollouts += len(chunk) - len(removed)
+        status = pc.value_counts(table.column("status")).to_pylist()
+        for count in status:
+            if count["values"] in ("finished", "running"):
+                res.extra[count["values"]] = res.extra.get(count["values"], 0) + count["counts"]
+        del rows, events, table  # before the next chunk loads: one chunk in memory at a time
+    if res.rows:
+        res.extra.setdefault("finished", 0)
+        res.extra.setdefault("running", 0)
+    return res
+
+
+def _events_of(rewards: pl.LazyFrame, rows: pl.DataFrame, chunk: list[keys.Key]) -> pl.DataFrame:
+    """The reward events that may name a rollout of ``chunk`` (by rollout, trace or response id),
+    of the chunk's tenants only; `assemble` matches each within its own tenant."""
+    traces = rows["trace_id"].unique().to_list()
+    resp = rows["llm_response_id"].drop_nulls().unique().to_list()
+    return rewards.filter(
+        (pl.col("source") == "event")
+        & pl.col("tenant").is_in(sorted({t for t, _ in chunk}))
+        & (
+            pl.col("rollout_id").is_in(sorted({r for _, r in chunk}))
+            | pl.col("trace_id").is_in(traces)
+            | pl.col("llm_response_id").is_in(resp)
+        )
+    ).collect()
+
+
+@dataclass
+class _RolloutPlan:
+    """The rollouts to rebuild, the traces each is made of, and a lower bound of each trace's day.
+
+    Rollouts are (tenant, rollout id); a rollout's traces are of its tenant; days are by (tenant, trace id).
+    """
+
+    rollouts: set[keys.Key] = field(default_factory=set)
+    traces: dict[keys.Key, set[str]] = field(default_factory=dict)
+    first_day: dict[keys.Key, dt.date] = field(default_factory=dict)
+
+    def add(self, rollout: keys.Key, traces: list[str], day: dt.date | None) -> None:
+        self.rollouts.add(rollout)
+        self.traces.setdefault(rollout, set()).update(traces)
+        if day is not None:
+            for t in traces:
+                k = (rollout[0], t)
+                if k not in self.first_day or day < self.first_day[k]:
+                    self.first_day[k] = day
+
+
+_TOUCHED_COLUMNS = ["tenant", "trace_id", "rollout_id", "day", "llm_response_id", "service_name"]
+_GATEWAY = (pl.col("service_name") == A.GATEWAY_SERVICE_NAME).fill_null(False)
+
+
+def _plan_rollouts(
+    spans: pl.LazyFrame,
+    rewards: pl.LazyFrame | None,
+    traj: pl.LazyFrame | None,
+    spans_cond: pl.Expr | None,
+    ev_cond: pl.Expr | None,
+    cutoff: dt.datetime,
+) -> _RolloutPlan:
+    """Which rollouts a run must rebuild, and from which traces.
+
+    Touched traces are those of new spans, of spans named by new reward events, and of calls that
+    share a response id with those (a gateway trace and its client's). A rollout is rebuilt when it
+    holds a touched trace, is named by a span of one, was named by a new event or went idle. Every
+    match is within one tenant: an event or span never touches another tenant's rollout.
+    """
+    plan = _RolloutPlan()
+    touched: list[pl.DataFrame] = []
+    named: set[keys.Key] = set()
+    if spans_cond is not None:
+        touched.append(spans.filter(spans_cond).select(_TOUCHED_COLUMNS).collect())
+    if ev_cond is not None and rewards is not None:
+        ev = rewards.filter(ev_cond).select("tenant", "rollout_id", "trace_id", "llm_response_id").collect()
+        named.update(pairs(ev, "rollout_id"))
+        by_trace, by_resp = pairs(ev, "trace_id"), pairs(ev, "llm_response_id")
+        if by_trace or by_resp:
+            hit = keys.among(by_trace, "trace_id") | keys.among(by_resp, "llm_response_id")
+            found = spans.filter(hit).select(_TOUCHED_COLUMNS).collect()
+            touched += [keys.keep(found, by_trace, "trace_id"), keys.keep(found, by_resp, "llm_response_id")]
+    if touched:
+        found = pl.concat(touched)
+        calls = found.filter(pl.col("llm_response_id").is_not_null())
+        by_client = pairs(calls.filter(~_GATEWAY), "llm_response_id")
+        by_gateway = pairs(calls.filter(_GATEWAY), "llm_response_id")
+        if by_client or by_gateway:
+            # the gateway's record of a client's call (or the other way round), in another trace;
+            # both are recorded within moments of each other
+            since = found["day"].min() - dt.timedelta(days=1)  # type: ignore[operator]
+            twin = (_GATEWAY & keys.among(by_client, "llm_response_id")) | (
+                ~_GATEWAY & keys.among(by_gateway, "llm_response_id")
+            )
+            twins = spans.filter((pl.col("day") >= since) & twin).select(_TOUCHED_COLUMNS).collect()
+            found = pl.concat(
+                [
+                    found,
+                    keys.keep(twins.filter(_GATEWAY), by_client, "llm_response_id"),
+                    keys.keep(twins.filter(~_GATEWAY), by_gateway, "llm_response_id"),
+                ]
+            )
+        rollout = pl.coalesce("rollout_id", "trace_id").alias("_r")
+        per_trace = found.group_by("tenant", rollout, "trace_id").agg(pl.col("day").min())
+        for tenant, rid, tid, day in per_trace.iter_rows():
+            plan.add((tenant, rid), [tid], day)
+    if traj is not None:
+        stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff))
+        named.update(stale.select("tenant", "rollout_id").collect().iter_rows())
+        touched_traces = plan.first_day.keys() | {(r[0], t) for r, ts in plan.traces.items() for t in ts}
+        wanted = plan.rollouts | named
+        if wanted or touched_traces:
+            # every span already in `spans` was assembled into the trajectory its trace resolved to, and
+            # a trajectory's day is its earliest span's: so no older partition holds one of its spans
+            trace_ids = sorted({t for _, t in touched_traces})
+            holds = pl.col("tenant").is_in(sorted({t for t, _ in touched_traces})) & (
+                pl.col("trace_ids").list.eval(pl.element().is_in(trace_ids)).list.any()
+            )
+            old = (
+                traj.filter(keys.among(wanted, "rollout_id") | holds)
+                .select("tenant", "rollout_id", "trace_ids", "day")
+                .collect()
+            )
+            for tenant, rid, tids, day in old.iter_rows():
+                if (tenant, rid) in wanted or any((tenant, t) in touched_traces for t in tids or ()):
+                    plan.add((tenant, rid), tids or [], day)
+    for rk in named - plan.rollouts:
+        plan.add(rk, [], None)  # named by an event but never seen: nothing to load, nothing to lose
+    if touched:
+        _link_twins(plan, found)
+    return plan
+
+
+def _link_twins(plan: _RolloutPlan, found: pl.DataFrame) -> None:
+    """Every rollout that holds a trace also loads the traces of its tenant sharing a response id with it."""
+    pairs = found.filter(pl.col("llm_response_id").is_not_null()).select("tenant", "llm_response_id", "trace_id")
+    pairs = pairs.unique()
+    linked = pairs.join(pairs, on=["tenant", "llm_response_id"]).filter(pl.col("trace_id") != pl.col("trace_id_right"))
+    if linked.is_empty():
+        return
+    others: dict[keys.Key, set[str]] = {}
+    for tenant, a, b in linked.select("tenant", "trace_id", "trace_id_right").iter_rows():
+        others.setdefault((tenant, a), set()).add(b)
+    for rk, traces in plan.traces.items():
+        tenant = rk[0]
+        extra = set().union(*(others.get((tenant, t), set()) for t in traces)) - traces
+        if extra:
+            days = (plan.first_day[(tenant, t)] for t in traces if (tenant, t) in plan.first_day)
+            plan.add(rk, sorted(extra), min(days, default=None))
+
+
+def _next_stamp(traj: pl.LazyFrame | None, now: dt.datetime) -> dt.datetime:
+    """An ``updated_at`` later than every row already committed (and no earlier than ``now``)."""
+    if traj is None:
+        return now
+    newest = traj.select(pl.col("updated_at").max()).collect().item()
+    if newest is None or newest < now:
+        return now
+    return newest + dt.timedelta(microseconds=1)
+
+
+def _empty_table(name: str) -> Any:
+    from schemas.tables import TABLES
+
+    return TABLES[name].empty_table()
