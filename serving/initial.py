@@ -19,10 +19,10 @@ from pathlib import Path
 
 from schemas.config import Settings, policy_served_name
 from schemas.lake import Lake
+from serving.publish import Publisher
 from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint
 from trainer.config import config_from_settings
-from trainer.publish import Publisher
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)
