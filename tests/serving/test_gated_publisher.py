@@ -1,0 +1,63 @@
+"""The one publisher every publish builds (``serving.publish.gated_publisher``): the eval gate and the restart
+come from the settings unless the caller names its own, and a bad tasks file is refused before anything runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.config import Settings, load_settings
+from serving.eval_gate import EvalTask
+from serving.publish import gated_publisher
+from trainer.errors import PublishError
+
+
+def _settings(tmp_path: Path, **sections: dict[str, Any]) -> Settings:
+    base = {"state": {"dir": str(tmp_path / "state")}, "lake": {"root": str(tmp_path / "lake")}}
+    return load_settings(environ={}, discover=False, overrides={**base, **sections})
+
+
+def test_the_gate_and_the_restart_come_from_the_settings(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "2+2=", "answer": "4"}\n')
+    ran = tmp_path / "restarted-on"
+    command = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2])", str(ran), "{folder}"]
+    settings = _settings(tmp_path, trainer={"eval_tasks": str(tasks)}, vllm={"restart_command": command})
+
+    pub = gated_publisher(settings)
+    assert list(pub.eval_tasks) == [EvalTask("2+2=", "4")]
+    assert pub.restart is not None
+    pub.restart("/models/v0007")
+    assert ran.read_text() == "/models/v0007"
+
+
+def test_the_callers_tasks_and_restart_win(tmp_path: Path) -> None:
+    setting_tasks, option_tasks = tmp_path / "setting.jsonl", tmp_path / "option.jsonl"
+    setting_tasks.write_text('{"prompt": "2+2=", "answer": "4"}\n')
+    option_tasks.write_text('{"prompt": "3+3=", "answer": "6"}\n')
+    settings = _settings(
+        tmp_path, trainer={"eval_tasks": str(setting_tasks)}, vllm={"restart_command": ["false", "{folder}"]}
+    )
+    restarted: list[str] = []
+
+    pub = gated_publisher(settings, restart=restarted.append, eval_tasks=option_tasks, vllm_url="http://vllm:9")
+    assert list(pub.eval_tasks) == [EvalTask("3+3=", "6")]
+    assert pub.vllm_url == "http://vllm:9"
+    assert pub.restart is not None
+    pub.restart("/models/v0007")
+    assert restarted == ["/models/v0007"]
+
+
+def test_nothing_configured_is_no_gate_and_no_restart(tmp_path: Path) -> None:
+    pub = gated_publisher(_settings(tmp_path))
+    assert (list(pub.eval_tasks), pub.restart) == ([], None)
+
+
+def test_a_bad_tasks_file_or_restart_command_is_refused_before_anything_is_loaded(tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match="cannot be read"):
+        gated_publisher(_settings(tmp_path), eval_tasks=tmp_path / "missing.jsonl")
+    with pytest.raises(PublishError, match="never names"):
+        gated_publisher(_settings(tmp_path, vllm={"restart_command": ["systemctl", "restart", "vllm"]}))
