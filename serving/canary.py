@@ -32,11 +32,11 @@ from schemas.config import KafkaSettings
 from schemas.errors import AgentlakeError
 from schemas.tables import MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
+from serving.errors import PublishError
 from serving.eval_gate import EvalTask, candidate_name, compare
 from serving.release_bus import wait_for_acks
 from serving.releases import release_command, send_release_event
 from serving.vllm_client import VllmClient
-from trainer.errors import PublishError
 
 EVALUATE = "evaluate"  # the status of an evaluate command on the models topic
 MAX_TASKS_BYTES = 256 * 1024  # the tasks' JSON inside one command; Kafka's default record limit is 1 MiB

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.errors import PublishError
 from serving.vllm_client import VllmClient
-from trainer.errors import PublishError
 
 log = logging.getLogger(__name__)
 

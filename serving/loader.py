@@ -65,12 +65,12 @@ from schemas.manifest import ManifestHashes
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
 from serving.canary import EVALUATE, evaluate, evaluates_here
+from serving.errors import PublishError
 from serving.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, drain, gateway_call
 from serving.releases import COMMANDS, UNLOAD, encode
 from serving.restart import command_restart
 from serving.vllm_client import VllmClient
 from trainer.artifacts import local_copy
-from trainer.errors import PublishError
 
 log = logging.getLogger(__name__)
 

@@ -65,6 +65,7 @@ from typing import Any
 from schemas.config import KafkaSettings, Settings, policy_served_name
 from schemas.lake import Lake
 from serving.canary import ask_canary
+from serving.errors import PublishError
 from serving.eval_gate import EvalTask, candidate_name, compare, load_eval_tasks, worse
 from serving.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
 from serving.release_bus import ReleaseOutcome, release, release_serially
@@ -73,7 +74,7 @@ from serving.restart import command_restart
 from serving.served import record_acks
 from serving.vllm_client import VllmClient
 from trainer.artifacts import local_copy
-from trainer.errors import ArtifactError, PublishError, RegistryError
+from trainer.errors import ArtifactError, RegistryError
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)

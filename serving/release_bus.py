@@ -29,8 +29,8 @@ from schemas.config import KafkaSettings
 from schemas.errors import AgentlakeError
 from schemas.tables import MODEL_RELEASE_ACK
 from schemas.validation import validate_record
+from serving.errors import PublishError
 from serving.releases import send_release_event
-from trainer.errors import PublishError
 
 log = logging.getLogger(__name__)
 

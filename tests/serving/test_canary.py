@@ -25,6 +25,7 @@ from schemas.lake import Lake
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
 from serving.canary import EVALUATE, MAX_TASKS_BYTES, ask_canary, evaluate, evaluate_command, evaluates_here
+from serving.errors import PublishError
 from serving.eval_gate import EvalTask, candidate_name, worse
 from serving.loader import Loader, Served, build_ack, latest_releases, targets_me
 from serving.publish import Publisher
@@ -33,7 +34,6 @@ from serving.releases import encode, release_command, send_release_event
 from serving.served import served_now
 from serving.vllm_client import VllmClient
 from tests.serving.helpers import register_stored
-from trainer.errors import PublishError
 from trainer.registry import Registry
 
 TASKS = [EvalTask("2+2=", "4"), EvalTask('Say "hi":', "hi")]

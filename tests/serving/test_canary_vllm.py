@@ -26,6 +26,7 @@ import pytest
 
 from schemas.config import Settings
 from schemas.lake import Lake
+from serving.errors import PublishError
 from serving.eval_gate import EvalTask, candidate_name
 from serving.loader import Loader
 from serving.publish import Publisher
@@ -34,7 +35,6 @@ from serving.vllm_client import VllmClient
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
 from tests.serving.test_release_bus import lora_line
-from trainer.errors import PublishError
 from trainer.registry import Registry
 
 PROMPT = "The capital of France is"

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from schemas.config import Settings, load_settings
+from serving.errors import PublishError
 from serving.eval_gate import EvalTask
 from serving.publish import gated_publisher
-from trainer.errors import PublishError
 
 
 def _settings(tmp_path: Path, **sections: dict[str, Any]) -> Settings:

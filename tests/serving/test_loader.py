@@ -19,6 +19,7 @@ import pytest
 from agentlake.stack.ports import free_port
 from schemas.config import Settings
 from schemas.lake import Lake
+from serving.errors import PublishError
 from serving.loader import Loader, Served, build_ack, latest_releases, targets_me
 from serving.publish import Publisher
 from serving.release_bus import release
@@ -26,7 +27,6 @@ from serving.releases import release_command, release_event, send_release_event,
 from serving.served import record_acks, served_now
 from tests.serving.helpers import register_stored
 from trainer.artifacts import store_version
-from trainer.errors import PublishError
 from trainer.registry import Registry
 
 

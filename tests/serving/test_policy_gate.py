@@ -18,12 +18,12 @@ from pipelines.assets.policy import policy
 from pipelines.resources import KafkaResource, LakeResource, TrainerResource
 from schemas.config import load_settings
 from schemas.lake import Lake
+from serving.errors import PublishError
 from serving.eval_gate import load_eval_tasks
 from serving.publish import Publisher
 from serving.vllm_client import VllmClient
 from tests.fixtures_vllm import VllmServer
 from tests.trainer.helpers import transition, write_transitions
-from trainer.errors import PublishError
 from trainer.registry import Registry
 
 PROMPT = "The capital of France is"

@@ -16,11 +16,11 @@ import pytest
 from agentlake.stack.ports import free_port
 from schemas.config import Settings
 from schemas.lake import Lake
+from serving.errors import PublishError
 from serving.publish import Publisher
 from tests.serving.helpers import FakeVllm
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
-from trainer.errors import PublishError
 from trainer.registry import Registry
 from trainer.round import train_once
 

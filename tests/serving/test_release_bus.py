@@ -29,6 +29,7 @@ from schemas.config import Settings
 from schemas.lake import Lake
 from schemas.storage import read_bytes, write_bytes
 from schemas.uris import table_uri
+from serving.errors import PublishError
 from serving.loader import Loader
 from serving.publish import Publisher
 from serving.served import TABLE, served_now
@@ -38,7 +39,6 @@ from tests.objectstore import ObjectStore
 from tests.serving.helpers import register_stored
 from trainer.checkpoints import save_checkpoint
 from trainer.config import TrainConfig
-from trainer.errors import PublishError
 from trainer.registry import Registry
 from trainer.train import load_policy
 

@@ -36,6 +36,7 @@ from schemas.config import Settings
 from schemas.lake import Lake
 from schemas.storage import read_bytes, write_bytes
 from schemas.uris import table_uri
+from serving.errors import PublishError
 from serving.loader import Loader, same_folder
 from serving.publish import Publisher
 from serving.restart import command_restart
@@ -45,7 +46,6 @@ from tests.collectors.helpers import LoopThread, wait_until
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
 from tests.serving.helpers import register_stored
-from trainer.errors import PublishError
 from trainer.registry import Registry
 
 PROMPT = "The capital of France is"

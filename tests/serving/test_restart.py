@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from serving.errors import PublishError
 from serving.restart import command_restart
-from trainer.errors import PublishError
 
 
 def test_the_command_runs_with_the_folder(tmp_path: Path) -> None:
