@@ -13,6 +13,7 @@ from schemas.config import Settings, load_settings
 from serving.errors import PublishError
 from serving.eval_gate import EvalTask
 from serving.publish import gated_publisher
+from tests.serving.helpers import FakeVllm
 
 
 def _settings(tmp_path: Path, **sections: dict[str, Any]) -> Settings:
@@ -61,3 +62,39 @@ def test_a_bad_tasks_file_or_restart_command_is_refused_before_anything_is_loade
         gated_publisher(_settings(tmp_path), eval_tasks=tmp_path / "missing.jsonl")
     with pytest.raises(PublishError, match="never names"):
         gated_publisher(_settings(tmp_path, vllm={"restart_command": ["systemctl", "restart", "vllm"]}))
+
+
+def test_the_policy_asset_publishes_through_it(
+    lake: Path, tiny_model_dir: Path, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """The asset's new version is loaded by the gated publisher; a broken gate setting stops it before vLLM."""
+    from dagster import build_asset_context
+
+    from pipelines.assets.policy import policy
+    from pipelines.resources import KafkaResource, LakeResource, TrainerResource
+    from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+
+    tok = build_tokenizer()
+    prompt, answer = tok("what is two plus three")["input_ids"], tok("good yes")["input_ids"]
+
+    def resource(**trainer: Any) -> TrainerResource:
+        return TrainerResource(
+            lake=LakeResource(root=str(lake)),
+            kafka=KafkaResource(bootstrap_servers="127.0.0.1:1", spans_topic="s", rewards_topic="r"),
+            trainer={"min_new_transitions": 1, "lora_rank": 4, **trainer},
+            model={"base": str(tiny_model_dir)},
+            vllm={"port": vllm.server_address[1]},
+            state_dir=str(tmp_path / "state"),
+        )
+
+    write_transitions(lake, [transition(i, prompt, answer, advantage=1.0) for i in range(2)])
+    # Each context closed here, not by the garbage collector (its teardown imports, which must not run mid-import).
+    with build_asset_context() as context:
+        meta = policy(context, trainer=resource()).metadata
+    assert (meta["version"], meta["publish_status"]) == ("v0001", "published")
+    assert [Path(p).name for p in vllm.loads()] == ["v0001"]
+
+    write_transitions(lake, [transition(i, prompt, answer, advantage=1.0) for i in range(2, 4)])
+    with build_asset_context() as context, pytest.raises(PublishError, match="missing.jsonl cannot be read"):
+        policy(context, trainer=resource(eval_tasks=str(tmp_path / "missing.jsonl")))
+    assert [Path(p).name for p in vllm.loads()] == ["v0001"]  # v0002 trained, refused before any load
