@@ -14,7 +14,7 @@ Publish latency (target < 2 s for LoRA on CPU): from a finished checkpoint folde
 completion served under the adapter's name, through ``Publisher.publish`` (registry update,
 ``load_lora_adapter``, release event skipped: no Kafka here).
 Release bus (``--replica-urls``, one vLLM per replica, target < 2 s per replica for a LoRA): a loader
-thread per replica (trainer.loader), a Kafka broker (a local Tansu unless KAFKA_BOOTSTRAP_SERVERS is set)
+thread per replica (serving.loader), a Kafka broker (a local Tansu unless KAFKA_BOOTSTRAP_SERVERS is set)
 and a lake on a local S3 object store (SeaweedFS), so each replica downloads and verifies every version.
 Each of ``--bus-publishes`` publishes releases a new version (a fresh adapter: its own files and hash);
 the row is the median time from sending the release command to the last replica's ack, beside the
@@ -154,10 +154,10 @@ def plain(base: torch.nn.Module, cfg: TrainConfig, rows: pa.Table) -> list[float
 def publish_latency(base: torch.nn.Module, cfg: TrainConfig, url: str, served_name: str) -> tuple[float, float]:
     """(publish call seconds, checkpoint -> first served completion seconds) for a fresh adapter."""
     from schemas.lake import Lake
+    from serving.publish import Publisher
+    from serving.vllm_client import VllmClient
     from trainer.checkpoints import save_checkpoint
-    from trainer.publish import Publisher
     from trainer.registry import Registry
-    from trainer.vllm_client import VllmClient
 
     lake = Path(tempfile.mkdtemp(prefix="bench-publish-"))
     model = with_lora(base, cfg, cfg.seed + 1)
@@ -180,12 +180,12 @@ def release_bus_latency(
 
     from agentlake.stack.broker import LocalBroker
     from schemas.lake import Lake
+    from serving.loader import Loader
+    from serving.publish import Publisher
     from tests.objectstore import ObjectStore
     from tests.topics import fresh_kafka
     from trainer.artifacts import store_version
     from trainer.checkpoints import save_checkpoint
-    from trainer.loader import Loader
-    from trainer.publish import Publisher
     from trainer.registry import Registry
 
     replicas = [f"r{i + 1}" for i in range(len(urls))]

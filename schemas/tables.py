@@ -336,10 +336,10 @@ REWARD_EVENT = _versioned(
 
 # An announcement (published | failed | rolled_back: serving already changed) or, since v2, a command
 # (release: "serve `version` under `served_name`"; since v3 also unload: "serve nothing under `served_name`",
-# sent when the first publish of a line failed) that each replica's loader (trainer.loader) carries out and
+# sent when the first publish of a line failed) that each replica's loader (serving.loader) carries out and
 # answers on the acks topic with a MODEL_RELEASE_ACK of the same release_id. v3 adds a status value only: v2
 # records read the same. v4: evaluate, "score `version` beside what you serve on `eval_tasks`", for the canary
-# named in `targets` only (trainer.canary); older records read with eval_tasks null.
+# named in `targets` only (serving.canary); older records read with eval_tasks null.
 MODEL_RELEASE_EVENT = _versioned(
     "model_release_event",
     4,
@@ -360,7 +360,7 @@ MODEL_RELEASE_EVENT = _versioned(
         pa.field("artifact_uri", pa.string()),
         pa.field("manifest_sha256", pa.string()),
         pa.field("targets", pa.list_(pa.string())),
-        # v4, set on evaluate commands: the held-out tasks, inline (trainer.canary caps their size)
+        # v4, set on evaluate commands: the held-out tasks, inline (serving.canary caps their size)
         pa.field(
             "eval_tasks",
             pa.list_(pa.struct([pa.field("prompt", pa.string(), False), pa.field("answer", pa.string(), False)])),
@@ -396,7 +396,7 @@ MODEL_RELEASE_ACK = _versioned(
     ],
 )
 
-# Every release ack a publisher read (trainer.served): the latest row per (replica, served_name) is what
+# Every release ack a publisher read (serving.served): the latest row per (replica, served_name) is what
 # that replica serves now.
 SERVED_VERSIONS = _versioned(
     "served_versions",

@@ -4,7 +4,7 @@ AgentlakeError (schemas.errors)
 └── TrainerError          bad trainer config, no data, a missing base model
     ├── RegistryError     the model_versions table has no such version, or a bad state change
     ├── ArtifactError     a version's stored files are missing or do not match their manifest
-    └── PublishError      vLLM refused or could not be reached; serving is unchanged
+    └── PublishError      (serving.errors) vLLM refused or could not be reached; serving is unchanged
 """
 
 from __future__ import annotations
@@ -22,7 +22,3 @@ class RegistryError(TrainerError):
 
 class ArtifactError(TrainerError):
     """A model version's files could not be stored, found, or verified against their manifest."""
-
-
-class PublishError(TrainerError):
-    """A publish failed; the serving version was left as it was and the failure recorded."""

@@ -50,6 +50,7 @@ from trainer.lineage import Lineage, recorded_credit
 from trainer.offpolicy import split_stale, with_skipped
 from trainer.provenance import registered_hashes, split_unverified
 from trainer.registry import Registry
+from trainer.tracking import NoTracker, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +161,14 @@ def train_once(
     cfg: TrainConfig | None = None,
     force: bool = False,
     line: str | None = None,
+    tracker: Tracker | None = None,
     **overrides: Any,
 ) -> RoundResult:
     """Train one new version on the transitions added since the last one; skip when too few.
 
-    ``line``: the agent whose policy line this round trains (``trainer.agents``); None: the single policy."""
+    ``line``: the agent whose policy line this round trains (``trainer.agents``); None: the single policy.
+    ``tracker`` (``trainer.tracking``) follows this round: its parameters, every step's metrics, the new
+    version's name; it is closed when the round ends, whatever the outcome."""
     from trainer.train import train  # torch loads here, not at import
 
     if cfg is None:
@@ -176,7 +180,11 @@ def train_once(
     cfg = for_line(cfg, line)
     if line is not None and cfg.finetune != "lora":
         raise TrainerError(f"policy lines (trainer.agents) are LoRA adapters over one base; {line!r} is {cfg.finetune}")
-    result = _train_round(cfg, force=force, line=line, train=train)
+    tracker = NoTracker() if tracker is None else tracker
+    try:
+        result = _train_round(cfg, force=force, line=line, train=train, tracker=tracker)
+    finally:
+        tracker.close()
     result.agent = line
     return result
 
@@ -203,7 +211,7 @@ class _Plan:
     refused: dict[str, int] = field(default_factory=dict)  # per (version, hash) pair (trainer.provenance)
 
 
-def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any) -> RoundResult:
+def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any, tracker: Tracker) -> RoundResult:
     """The round itself, for one line (``train``: ``trainer.train.train``, imported by the caller).
 
     In a data-parallel job (``trainer.distributed``) only rank 0 reads and writes the lake; every rank
@@ -216,13 +224,36 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any)
     job = share(plan.job if isinstance(plan, _Plan) else plan)
     if isinstance(job, RoundResult):
         return job
+    if isinstance(plan, _Plan):  # rank 0 reports for the job
+        tracker.log_params(_round_params(cfg, plan, line))
     optimizer_state = load_optimizer_state(job.parent_path) if job.parent_path else None  # resume: AdamW moments
     result = train(
-        cfg, job.rows, parent_path=job.parent_path, optimizer_state=optimizer_state, current_version=job.current
+        cfg,
+        job.rows,
+        parent_path=job.parent_path,
+        optimizer_state=optimizer_state,
+        current_version=job.current,
+        tracker=tracker,
     )
     if plan is None:
         return RoundResult(None, reason="a data-parallel rank other than 0: rank 0 records the version", agent=line)
-    return _record_round(cfg, plan, result, line=line)
+    recorded = _record_round(cfg, plan, result, line=line)
+    tracker.log_params({"version": recorded.version})
+    return recorded
+
+
+def _round_params(cfg: TrainConfig, plan: _Plan, line: str | None) -> dict[str, Any]:
+    """What a tracker is told about a round before it trains: the config the registry records, and the data."""
+    return {
+        **cfg.recorded(),
+        "line": line,
+        "parent_version": plan.parent["version"] if plan.parent else None,
+        "table": plan.data.table_uri,
+        "table_version_start": plan.start,
+        "table_version_end": plan.data.version_end,
+        "n_transitions": plan.data.rows.num_rows,  # read; the trained ones are fewer when some were stale
+        "n_trained": plan.job.rows.num_rows,
+    }
 
 
 def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | RoundResult:

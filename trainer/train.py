@@ -45,6 +45,7 @@ from trainer.errors import TrainerError
 from trainer.losses import LossOutput, grpo_loss, ppo_clip_loss, reinforce_loss, token_logprobs
 from trainer.offpolicy import is_on_policy, source_stats, tis_enabled
 from trainer.ranks import all_reduce_sum, local_rank, parallel, world
+from trainer.tracking import NoTracker, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -264,17 +265,20 @@ def train(
     parent_path: str | None = None,
     optimizer_state: dict[str, Any] | None = None,
     current_version: str | None = None,
+    tracker: Tracker | None = None,
 ) -> TrainResult:
     """Run ``cfg.epochs`` over ``rows`` (a transitions table) and return the trained policy.
 
     ``current_version`` is the registry version the weights are (None: the base model); rows whose
     ``policy_version`` is another one are corrected as stale when ``cfg.tis_cap`` is set (the clipped
-    losses; REINFORCE has no behaviour ratio to correct).
+    losses; REINFORCE has no behaviour ratio to correct). ``tracker`` gets each optimizer step's metrics
+    (rank 0's, summed over the ranks; ``trainer.tracking``); opening and closing it is the caller's.
     """
     # --- setup ------------------------------------------------------------------------------
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     rank, n_ranks = world()  # (0, 1) without a process group
+    tracker = tracker if tracker is not None and rank == 0 else NoTracker()
     device = pick_device(cfg.device)
     if n_ranks > 1 and device.type == "cuda":
         device = torch.device("cuda", local_rank())  # one GPU per rank
@@ -423,6 +427,7 @@ def train(
                 )
                 result.history.append(metrics)
                 result.tokens += step_tokens
+                tracker.log_metrics(step, {k: v for k, v in metrics.items() if k != "step"})
                 if rank == 0:
                     log.info(
                         "step %d loss %.4f kl %.4f clip %.3f adv %.3f tok/s %.0f",

@@ -21,15 +21,11 @@ def _registry(settings: Settings):  # noqa: ANN202 - keeps the trainer import la
     return Registry(Lake.from_settings(settings))
 
 
-def _restart_local_vllm(settings: Settings):  # noqa: ANN202
-    """For full-weight versions: stop the vLLM this state folder manages and start it on the new folder."""
-    from agentlake.stack.vllm import start_vllm, stop_vllm
+def _restart(settings: Settings):  # noqa: ANN202 - keeps the stack's import lazy
+    """Full-weight versions: restart the vLLM this state folder manages, its steps printed."""
+    from agentlake.stack.vllm import vllm_restarter
 
-    def restart(path: str) -> None:
-        stop_vllm(settings)
-        start_vllm(settings, Path(path), on_step=lambda msg: console.print(f"  {msg}"))
-
-    return restart
+    return vllm_restarter(settings, on_step=lambda msg: console.print(f"  {msg}"))
 
 
 def _trained_on(settings: Settings, row: dict[str, Any]) -> str:
@@ -139,16 +135,11 @@ def publish(
     config: str | None = ConfigOption,
 ) -> None:
     """Hot-load a LoRA version into vLLM (or restart it on full weights) and announce it."""
-    from trainer.eval_gate import load_eval_tasks
-    from trainer.publish import Publisher
+    from serving.publish import gated_publisher
 
     settings = settings_or_exit(config)
-    pub = Publisher.from_settings(
-        settings,
-        vllm_url=vllm_url,
-        restart=_restart_local_vllm(settings),
-        eval_tasks=load_eval_tasks(eval_tasks or settings.trainer.eval_tasks),  # the option, else the setting
-    )
+    # the option's tasks, else the setting's
+    pub = gated_publisher(settings, restart=_restart(settings), eval_tasks=eval_tasks, vllm_url=vllm_url)
     if version is None:
         rows = pub.registry.rows()
         if not rows:
@@ -181,10 +172,10 @@ def rollback(
     config: str | None = ConfigOption,
 ) -> None:
     """Serve an earlier version again by re-loading its folder."""
-    from trainer.publish import Publisher
+    from serving.publish import Publisher
 
     settings = settings_or_exit(config)
-    pub = Publisher.from_settings(settings, vllm_url=vllm_url, restart=_restart_local_vllm(settings))
+    pub = Publisher.from_settings(settings, vllm_url=vllm_url, restart=_restart(settings))  # no gate to roll back
     result = pub.rollback(to, agent=agent)
     console.print(f"[green]serving {result.version}[/] again (was {result.previous}) in {result.seconds:.2f}s")
     _print_acks(result.acks)

@@ -33,7 +33,7 @@ def loader(
     """Serve what the release bus asks: load released adapters (or restart on full weights) and ack each."""
     import shlex
 
-    from trainer.loader import Loader
+    from serving.loader import Loader
 
     settings = settings_or_exit(config)
     argv = shlex.split(restart_command) if restart_command else None
@@ -67,8 +67,8 @@ def served_table(settings: Settings) -> Table | None:
     """What each replica serves, from ``served_versions``, next to what the registry publishes under that
     name; None when no replica has acked yet."""
     from schemas.lake import Lake
+    from serving.served import against_registry, served_now
     from trainer.registry import Registry
-    from trainer.served import against_registry, served_now
 
     lake = Lake.from_settings(settings)
     rows = served_now(lake)

@@ -104,14 +104,11 @@ def _report(settings: Settings, result: RoundResult, *, publish: bool) -> None:
             f"{m.get('tokens_per_s', 0):.0f} tok/s, saved to {result.path}"
         )
         if publish:
-            from agentlake.cli.registry import _restart_local_vllm
-            from trainer.eval_gate import load_eval_tasks
-            from trainer.publish import Publisher
+            from agentlake.stack.vllm import vllm_restarter
+            from serving.publish import gated_publisher
 
-            pub = Publisher.from_settings(
-                settings,
-                restart=_restart_local_vllm(settings),
-                eval_tasks=load_eval_tasks(settings.trainer.eval_tasks),  # the gate the policy asset has too
+            pub = gated_publisher(
+                settings, restart=vllm_restarter(settings, on_step=lambda msg: console.print(f"  {msg}"))
             )
             outcome = pub.publish(result.version)
             console.print(f"  {outcome.status} as {name} in {outcome.seconds:.2f}s")

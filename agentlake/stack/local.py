@@ -385,7 +385,7 @@ def up(
                 {**env, "AGENTLAKE_GATEWAY__UPSTREAMS": f'["{settings.vllm.url}"]'},
                 60,
             )
-            if settings.serving.loader:  # the release bus's loader beside this vLLM (trainer.loader)
+            if settings.serving.loader:  # the release bus's loader beside this vLLM (serving.loader)
                 on_step("loader")
                 replica = settings.serving.replica or LOCAL_REPLICA
                 argv = [sys.executable, "-m", "agentlake", "loader", "--replica", replica]

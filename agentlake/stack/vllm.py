@@ -224,3 +224,14 @@ def start_vllm(settings: Settings, model_path: Path | None = None, *, on_step: L
 def stop_vllm(settings: Settings) -> bool:
     """Stop the vLLM server this state folder started; True when one was running."""
     return processes.stop(Path(settings.state.dir).absolute(), PROCESS_NAME, timeout_s=30.0)
+
+
+def vllm_restarter(settings: Settings, *, on_step: Log | None = None) -> Callable[[str], None]:
+    """Full-weight versions for the CLI's publisher (``serving.publish.gated_publisher``'s ``restart``): stop the
+    vLLM this state folder manages and start it on the version's folder."""
+
+    def restart(path: str) -> None:
+        stop_vllm(settings)
+        start_vllm(settings, Path(path), on_step=on_step)
+
+    return restart

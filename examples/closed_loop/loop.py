@@ -213,7 +213,7 @@ def run_closed_loop(
     ``on_step`` gets each step once (a log line); ``on_progress`` gets counts within a step (a status line).
     """
     from agentlake.stack.vllm import ensure_vllm_venv
-    from trainer.initial import ensure_initial_policies
+    from serving.initial import ensure_initial_policies
     from trainer.model_store import ensure_model
 
     started = time.monotonic()

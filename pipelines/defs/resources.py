@@ -184,7 +184,7 @@ class TrainerResource(ConfigurableResource):
     min_new_transitions: int | None = None
 
     def settings(self) -> Settings:
-        """The settings ``trainer.round.train_once`` and ``Publisher.from_settings`` take."""
+        """The settings ``trainer.round.train_once`` and ``serving.publish.gated_publisher`` take."""
         lake = self.lake.lake()  # a stopped local store is an error now, not a refused connection later
         try:
             kafka = self.kafka.settings()

@@ -27,7 +27,7 @@ class KafkaSettings(Section):
     spans_topic: str = topics.SPANS_TOPIC
     rewards_topic: str = topics.REWARDS_TOPIC
     models_topic: str = topics.MODELS_TOPIC
-    model_acks_topic: str = topics.MODEL_ACKS_TOPIC  # replicas' answers to release commands (trainer.loader)
+    model_acks_topic: str = topics.MODEL_ACKS_TOPIC  # replicas' answers to release commands (serving.loader)
     partitions: int = Field(4, ge=1, le=1024)
     # Topics we create: copies of each partition (the local broker has one node: 1), the largest
     # record batch, and how long records are kept (-1: forever; Kafka is the log every table is

@@ -40,7 +40,7 @@ class VllmSettings(Section):
     startup_timeout_s: float = Field(600.0, gt=0)
     # How a full-weight version is served where no CLI manages this vLLM (the `policy` asset in Dagster):
     # argv run with "{folder}" replaced by the version's local folder; it must return once vLLM restarts on
-    # it (trainer.restart). Empty: only `agentlake model publish`, which restarts the local vLLM, can.
+    # it (serving.restart). Empty: only `agentlake model publish`, which restarts the local vLLM, can.
     restart_command: list[str] = Field(default_factory=list)
     # vLLM started with --api-key wants it on every call: read from this environment variable (vLLM's own
     # name by default), never from a file; unset or empty: no key is sent.
@@ -56,7 +56,7 @@ class VllmSettings(Section):
 
 
 class ServingSettings(Section):
-    """The release bus: vLLM replicas, each with a loader beside it (`agentlake loader`, trainer.loader).
+    """The release bus: vLLM replicas, each with a loader beside it (`agentlake loader`, serving.loader).
 
     A publisher with ``replicas`` sends a release command on ``kafka.models_topic`` and waits up to
     ``ack_timeout_s`` for an ack from each of them on ``kafka.model_acks_topic``; empty ``replicas``:
@@ -74,7 +74,7 @@ class ServingSettings(Section):
     ``gateway.admin_token``; empty: none is paused).
 
     With ``trainer.eval_tasks`` too, the gate runs on one replica before any release: the ``canary`` (empty:
-    the first of ``replicas``) scores the candidate beside what it serves (trainer.canary), and only a
+    the first of ``replicas``) scores the candidate beside what it serves (serving.canary), and only a
     candidate that is not worse is released to every replica.
     """
 

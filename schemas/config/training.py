@@ -69,7 +69,7 @@ class TrainerSettings(Section):
     # The forward pass: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32", or "bf16" (CUDA only).
     precision: Precision = "auto"
     # Held-out tasks (JSONL of {"prompt", "answer"}) that gate every publish, from the CLI and from the
-    # `policy` asset alike: a version scoring lower than the serving one is `rejected` (trainer.eval_gate).
+    # `policy` asset alike: a version scoring lower than the serving one is `rejected` (serving.eval_gate).
     eval_tasks: Path | None = None
 
     @field_validator("agents")

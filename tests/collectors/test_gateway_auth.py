@@ -346,8 +346,8 @@ def test_another_tenant_cannot_join_or_end_a_rollout(
 
 def test_the_publisher_pauses_a_locked_gateway_with_the_admin_token() -> None:
     """A trainer publishing a version pauses the gateway; once ``gateway.admin_token`` is set, only with it."""
-    from trainer.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
-    from trainer.publish import Publisher
+    from serving.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
+    from serving.publish import Publisher
 
     settings = load_settings(
         environ={},

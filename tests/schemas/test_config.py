@@ -101,7 +101,7 @@ def test_missing_reward_is_drop_or_a_finite_number() -> None:
 
 
 def test_the_eval_gate_runs_on_a_canary_that_is_one_of_the_replicas() -> None:
-    """The gate goes through the bus (trainer.canary): eval tasks and replicas load together; the canary is the
+    """The gate goes through the bus (serving.canary): eval tasks and replicas load together; the canary is the
     first replica unless named, and a named one must be a replica, refused when settings load."""
     both = load_settings(
         environ={}, overrides={"serving": {"replicas": ["a", "b"]}, "trainer": {"eval_tasks": "x.jsonl"}}

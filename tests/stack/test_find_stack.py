@@ -246,8 +246,8 @@ def test_tools_find_the_running_stack(tmp_path: Path) -> None:
         assert pl.read_delta(str(tmp_path / "rebuilt/spans")).height == 3
 
         # `agentlake model publish`: the publisher gets the stack's Kafka and its release event goes out.
-        from trainer.publish import Publisher
-        from trainer.releases import release_event, send_release_event
+        from serving.publish import Publisher
+        from serving.releases import release_event, send_release_event
 
         pub = Publisher.from_settings(found)
         assert pub.kafka is not None and pub.kafka.bootstrap_servers == bootstrap

@@ -85,7 +85,7 @@ def test_every_client_over_mutual_tls(broker: TlsBroker, tls: TlsFiles, tmp_path
     from kafka import TopicPartition
 
     from pipelines.bronze.offset_hints import make_consumer
-    from trainer.releases import send_release_event
+    from serving.releases import send_release_event
 
     s = tls_settings(broker, tls, tmp_path)
     k = s.kafka

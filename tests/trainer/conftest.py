@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import FakeVllm, build_tiny_model_dir
+from tests.serving.helpers import FakeVllm, running_fake_vllm
+from tests.trainer.helpers import build_tiny_model_dir
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +25,5 @@ def lake(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def vllm() -> Iterator[FakeVllm]:
-    server = FakeVllm()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with running_fake_vllm() as server:
+        yield server

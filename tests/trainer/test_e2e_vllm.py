@@ -19,16 +19,16 @@ import httpx
 import pytest
 
 from schemas.lake import Lake
+from serving.publish import Publisher
+from serving.vllm_client import VllmClient
 from tests.fixtures_vllm import VllmServer
 from tests.trainer.helpers import transition, write_transitions
 from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint
 from trainer.config import TrainConfig
-from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.round import train_once
 from trainer.train import load_policy
-from trainer.vllm_client import VllmClient
 
 PROMPT = "The capital of France is"
 TARGET = " banana banana banana banana"

@@ -24,13 +24,15 @@ from agentlake.stack.ports import free_port
 from schemas.lake import Lake
 from schemas.storage import filesystem, is_secret_option, read_bytes
 from schemas.uris import table_uri
+from serving.errors import PublishError
+from serving.publish import Publisher
 from tests.objectstore import ObjectStore
-from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
+from tests.serving.helpers import FakeVllm
+from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.artifacts import MANIFEST_FILE, local_copy, verify_folder
 from trainer.config import TrainConfig
-from trainer.errors import ArtifactError, PublishError
+from trainer.errors import ArtifactError
 from trainer.lineage import Lineage
-from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.round import count_pending, train_once
 

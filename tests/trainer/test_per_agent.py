@@ -11,11 +11,12 @@ import pytest
 from schemas.config import Settings, load_settings
 from schemas.errors import ConfigError
 from schemas.lake import Lake
-from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
+from serving.publish import Publisher
+from tests.serving.helpers import FakeVllm
+from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.lines import count_pending_lines, max_loras_warning, policy_lines, served_names, train_lines
-from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.round import train_once
 
@@ -191,7 +192,7 @@ def test_the_policy_asset_trains_every_line_and_says_which(
 def test_every_line_starts_with_its_own_published_identity_adapter(
     lake: Path, tiny_model_dir: Path, vllm: FakeVllm
 ) -> None:
-    from trainer.initial import ensure_initial_policies
+    from serving.initial import ensure_initial_policies
 
     settings = load_settings(
         environ={},

@@ -3,8 +3,8 @@
 A thin shell over ``trainer.lines.train_lines`` (one round per agent's policy line when
 ``trainer.agents`` lists some, else ``trainer.round.train_once`` for the single policy; with
 ``trainer.nproc`` > 1 as a data-parallel torchrun job, ``trainer.distributed.launch``) and
-``trainer.publish.Publisher``, gated on ``trainer.eval_tasks`` and restarting vLLM on full weights
-through ``vllm.restart_command`` as the CLI's publish does; the metadata (loss, KL, reward, tokens/s,
+``serving.publish.gated_publisher`` (the publisher the CLI's publish builds too), gated on ``trainer.eval_tasks``
+and restarting vLLM on full weights through ``vllm.restart_command``; the metadata (loss, KL, reward, tokens/s,
 publish latency, eval scores) is numeric so Dagster plots it across versions, prefixed ``<agent>/`` per line.
 """
 
@@ -62,9 +62,7 @@ def _round(
     context: AssetExecutionContext, trainer: TrainerResource, settings: "Settings", result: "RoundResult", t0: float
 ) -> dict[str, object]:
     """One line's round as metadata; its new version published when the resource says so."""
-    from trainer.eval_gate import load_eval_tasks
-    from trainer.publish import Publisher
-    from trainer.restart import command_restart
+    from serving.publish import gated_publisher
 
     line = f"{result.agent}: " if result.agent else ""
     if result.version is None:
@@ -82,12 +80,8 @@ def _round(
     }
     meta.update({k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)})
     if trainer.publish:
-        publisher = Publisher.from_settings(
-            settings,
-            eval_tasks=load_eval_tasks(settings.trainer.eval_tasks),  # the gate, as the CLI's publish has it
-            restart=command_restart(settings.vllm.restart_command),  # full weights: the deployment's restart
-        )
-        published = publisher.publish(result.version)
+        # the gate (trainer.eval_tasks) and, for full weights, the deployment's vllm.restart_command
+        published = gated_publisher(settings).publish(result.version)
         meta.update(publish_status=published.status, publish_seconds=round(published.seconds, 3))
         meta.update({f"eval_{k}": v for k, v in published.scores.items()})
         scores = ", ".join(f"{k} {v:.3f}" for k, v in published.scores.items())

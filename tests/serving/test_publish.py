@@ -17,10 +17,11 @@ from agentlake.stack.ports import free_port
 from schemas.config import Settings
 from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
-from tests.trainer.helpers import FakeVllm, build_tokenizer, transition, write_transitions
+from serving.errors import PublishError
+from serving.publish import Publisher
+from tests.serving.helpers import FakeVllm
+from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.config import TrainConfig
-from trainer.errors import PublishError
-from trainer.publish import Publisher
 from trainer.registry import Registry
 from trainer.round import train_once
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from schemas.config import Settings
 from schemas.config.serving import policy_served_name
 from schemas.lake import Lake
+from serving.publish import Publisher
 from trainer.artifacts import store_version
 from trainer.checkpoints import save_checkpoint
 from trainer.config import config_from_settings
-from trainer.publish import Publisher
 from trainer.registry import Registry
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from trainer.errors import PublishError
+from serving.errors import PublishError
 
 
 class VllmClient:

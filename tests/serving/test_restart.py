@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.errors import PublishError
-from trainer.restart import command_restart
+from serving.errors import PublishError
+from serving.restart import command_restart
 
 
 def test_the_command_runs_with_the_folder(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 A candidate adapter is loaded under a temporary name (``candidate_name``) and scored next to what is
 served (``compare``); a candidate that scores lower (``worse``) is ``rejected`` and serving is left
 alone. The publisher runs the comparison on its own vLLM; with replicas, the canary replica's loader
-runs the same comparison on its vLLM (trainer.canary), so both paths score the same way.
+runs the same comparison on its vLLM (serving.canary), so both paths score the same way.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import PublishError
-from trainer.vllm_client import VllmClient
+from serving.errors import PublishError
+from serving.vllm_client import VllmClient
 
 log = logging.getLogger(__name__)
 

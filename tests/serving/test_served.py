@@ -1,4 +1,4 @@
-"""What each replica serves next to what the registry publishes (trainer.served.against_registry), and
+"""What each replica serves next to what the registry publishes (serving.served.against_registry), and
 `agentlake status` showing it. Real Delta tables for the CLI; the comparison is a pure function."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from trainer.served import against_registry
+from serving.served import against_registry
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SHA = {v: c * 64 for v, c in (("v0001", "1"), ("v0002", "2"), ("v0003", "3"))}
@@ -59,9 +59,9 @@ def test_status_shows_each_replica_and_says_when_none_acked(tmp_path: Path) -> N
 
     from agentlake.cli import app
     from schemas.lake import Lake
-    from trainer.loader import Served, build_ack
-    from trainer.releases import release_command
-    from trainer.served import record_acks
+    from serving.loader import Served, build_ack
+    from serving.releases import release_command
+    from serving.served import record_acks
 
     lake = tmp_path / "lake"
     config = tmp_path / "agentlake.toml"

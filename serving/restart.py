@@ -12,7 +12,7 @@ import shlex
 import subprocess
 from collections.abc import Callable, Sequence
 
-from trainer.errors import PublishError
+from serving.errors import PublishError
 
 FOLDER = "{folder}"
 

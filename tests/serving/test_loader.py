@@ -20,15 +20,15 @@ from agentlake.stack.ports import free_port
 from schemas.config import Settings
 from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
-from tests.trainer.helpers import register_stored
+from serving.errors import PublishError
+from serving.loader import Loader, Served, build_ack, latest_releases, targets_me
+from serving.publish import Publisher
+from serving.release_bus import release
+from serving.releases import release_command, release_event, send_release_event, unload_command
+from serving.served import record_acks, served_now
+from tests.serving.helpers import register_stored
 from trainer.artifacts import store_version
-from trainer.errors import PublishError
-from trainer.loader import Loader, Served, build_ack, latest_releases, targets_me
-from trainer.publish import Publisher
 from trainer.registry import Registry
-from trainer.release_bus import release
-from trainer.releases import release_command, release_event, send_release_event, unload_command
-from trainer.served import record_acks, served_now
 
 
 def _row(version: str, *, uri: str = "s3://bucket/lake/models/x", sha: str = "a" * 64) -> dict[str, Any]:
@@ -295,8 +295,8 @@ def test_a_failing_restart_command_is_acked_with_its_error_and_the_gateway_pause
     import httpx
 
     from collectors.gateway.serve import GatewayServer
+    from serving.restart import command_restart
     from tests.collectors.helpers import LoopThread, wait_until
-    from trainer.restart import command_restart
 
     reg = Registry(Lake(str(tmp_path / "lake")))
     row = _full_version(tmp_path, reg)

@@ -1,6 +1,6 @@
 """The publisher's side of the release bus: send a release command, wait for every replica's ack.
 
-The command goes to the models topic (trainer.releases); each replica's loader (trainer.loader) answers
+The command goes to the models topic (serving.releases); each replica's loader (serving.loader) answers
 on the acks topic with the command's ``release_id``. The acks topic is read from its beginning and
 filtered by that id: the broker's end offsets cannot be trusted on every engine (Tansu reports 1), and
 the topic holds one small record per replica per release.
@@ -30,8 +30,8 @@ from schemas.errors import AgentlakeError
 from schemas.kafka import kafka_python_config
 from schemas.tables import MODEL_RELEASE_ACK
 from schemas.validation import validate_record
-from trainer.errors import PublishError
-from trainer.releases import send_release_event
+from serving.errors import PublishError
+from serving.releases import send_release_event
 
 log = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 
 Announcements (``published``, ``failed``, ``rolled_back``) say that serving has already changed, so
 sending one never raises: a Kafka that is away or refuses it is logged and its error text is returned
-for the publish result. Commands are what the replicas' loaders act on (trainer.loader): ``release``
+for the publish result. Commands are what the replicas' loaders act on (serving.loader): ``release``
 ("serve this version under this name") and ``unload`` ("serve nothing under this name": sent after the
 first publish of a line failed, so replicas that took it drop it). ``targets`` names the replicas that
 should act (empty: all of them); a full-weight version is sent to one replica at a time. The publisher
-that sends a command waits for its acks (trainer.release_bus), and a command that could not be sent is
+that sends a command waits for its acks (serving.release_bus), and a command that could not be sent is
 a failed publish.
 """
 

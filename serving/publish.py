@@ -11,7 +11,7 @@ passes one that stops and starts the local vLLM), wait for health, resume the ga
 
 Optional evaluation gate: the candidate is loaded under a temporary name and scored next to the
 serving version on held-out tasks; it is published only if it is not worse, else ``rejected``. With
-replicas the canary replica scores it (trainer.canary) before anything is released.
+replicas the canary replica scores it (serving.canary) before anything is released.
 
 vLLM loads a local folder: each version's comes from ``trainer.artifacts.local_copy`` (the
 trainer's own copy, or a download from the lake's object store into ``cache_dir``, verified against
@@ -23,11 +23,11 @@ the serving version's folder), the row becomes ``failed`` with the error, a ``fa
 event goes out, and ``PublishError`` is raised. Rollback re-loads the previous version's folder.
 
 Replicas (``serving.replicas``): the release bus. ``publish`` and ``rollback`` send a ``release`` command
-on the models topic and wait for an ack from every replica's loader (trainer.release_bus, trainer.loader);
+on the models topic and wait for an ack from every replica's loader (serving.release_bus, serving.loader);
 the version is ``published`` only if every replica acked ok and serves its manifest hash. Otherwise it is
 ``failed`` with each replica's error, and a command for the version that was serving brings every
 replica back to it; when nothing of the line served before, an ``unload`` command makes the replicas
-that took it drop it. Each ack read is kept in ``served_versions`` (trainer.served). The trainer then
+that took it drop it. Each ack read is kept in ``served_versions`` (serving.served). The trainer then
 touches no vLLM itself, and the folders move through the lake's object store. With eval tasks, an
 ``evaluate`` command goes to the canary first (``serving.canary``); a canary that fails or stays silent
 makes the version ``failed``, a worse score ``rejected``, and neither releases anything.
@@ -44,8 +44,12 @@ Policy lines (``trainer.lines``): a version of an agent's line (``model_versions
 under that line's name (``agentlake-policy-planner``), compared with, restored to and rolled back to
 within its own line; the other lines' adapters are not touched.
 
-The parts it calls live apart: trainer.vllm_client (the vLLM endpoints), trainer.eval_gate (the
-held-out tasks and their score), trainer.gateway_pause and trainer.releases (the Kafka event).
+Every publish (the ``policy`` asset, `agentlake train --publish`, `agentlake model publish`) builds its
+publisher with ``gated_publisher``: the eval gate from ``trainer.eval_tasks`` and a restart for full weights,
+so the three cannot drift apart.
+
+The parts it calls live apart: serving.vllm_client (the vLLM endpoints), serving.eval_gate (the
+held-out tasks and their score), serving.gateway_pause and serving.releases (the Kafka event).
 """
 
 from __future__ import annotations
@@ -61,16 +65,18 @@ from typing import Any
 from schemas.config import KafkaSettings, Settings
 from schemas.config.serving import policy_served_name
 from schemas.lake import Lake
+from serving.canary import ask_canary
+from serving.errors import PublishError
+from serving.eval_gate import EvalTask, candidate_name, compare, load_eval_tasks, worse
+from serving.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
+from serving.release_bus import ReleaseOutcome, release, release_serially
+from serving.releases import release_command, release_event, send_release_event, unload_command
+from serving.restart import command_restart
+from serving.served import record_acks
+from serving.vllm_client import VllmClient
 from trainer.artifacts import local_copy
-from trainer.canary import ask_canary
-from trainer.errors import ArtifactError, PublishError, RegistryError
-from trainer.eval_gate import EvalTask, candidate_name, compare, worse
-from trainer.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
+from trainer.errors import ArtifactError, RegistryError
 from trainer.registry import Registry
-from trainer.release_bus import ReleaseOutcome, release, release_serially
-from trainer.releases import release_command, release_event, send_release_event, unload_command
-from trainer.served import record_acks
-from trainer.vllm_client import VllmClient
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +113,7 @@ class Publisher:
     api_key: str = ""  # vLLM's --api-key, sent as a bearer token
     replicas: Sequence[str] = ()  # non-empty: publish through the release bus to these loaders
     ack_timeout_s: float = 120.0
-    canary: str = ""  # the replica that scores candidates on eval_tasks (empty: replicas[0]; trainer.canary)
+    canary: str = ""  # the replica that scores candidates on eval_tasks (empty: replicas[0]; serving.canary)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
@@ -390,3 +396,24 @@ class Publisher:
         return PublishResult(
             row["version"], status, seconds, serving["version"] if serving else None, scores, event_error=err
         )
+
+
+def gated_publisher(
+    settings: Settings,
+    *,
+    restart: Callable[[str], None] | None = None,
+    eval_tasks: str | Path | None = None,
+    vllm_url: str | None = None,
+) -> Publisher:
+    """The publisher of every publish: gated on held-out tasks and able to restart vLLM on full weights.
+
+    ``eval_tasks`` is a JSONL file of tasks (default ``trainer.eval_tasks``; neither: no gate). ``restart`` is the
+    caller's way to restart vLLM on a folder (the CLI's restarts the vLLM its stack manages); without one,
+    ``vllm.restart_command`` (empty: full-weight versions cannot be published). A bad tasks file or restart
+    command is a ``PublishError`` here, before anything is loaded."""
+    return Publisher.from_settings(
+        settings,
+        vllm_url=vllm_url,
+        eval_tasks=load_eval_tasks(eval_tasks or settings.trainer.eval_tasks),
+        restart=restart or command_restart(settings.vllm.restart_command),
+    )

@@ -18,13 +18,13 @@ from pipelines.defs.assets.policy import policy
 from pipelines.defs.resources import KafkaResource, LakeResource, TrainerResource
 from schemas.config import load_settings
 from schemas.lake import Lake
+from serving.errors import PublishError
+from serving.eval_gate import load_eval_tasks
+from serving.publish import Publisher
+from serving.vllm_client import VllmClient
 from tests.fixtures_vllm import VllmServer
 from tests.trainer.helpers import transition, write_transitions
-from trainer.errors import PublishError
-from trainer.eval_gate import load_eval_tasks
-from trainer.publish import Publisher
 from trainer.registry import Registry
-from trainer.vllm_client import VllmClient
 
 PROMPT = "The capital of France is"
 TARGET = " banana banana banana banana"

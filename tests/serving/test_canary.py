@@ -25,17 +25,17 @@ from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT, schema_version
 from schemas.validation import validate_record
-from tests.trainer.helpers import register_stored
-from trainer.canary import EVALUATE, MAX_TASKS_BYTES, ask_canary, evaluate, evaluate_command, evaluates_here
-from trainer.errors import PublishError
-from trainer.eval_gate import EvalTask, candidate_name, worse
-from trainer.loader import Loader, Served, build_ack, latest_releases, targets_me
-from trainer.publish import Publisher
+from serving.canary import EVALUATE, MAX_TASKS_BYTES, ask_canary, evaluate, evaluate_command, evaluates_here
+from serving.errors import PublishError
+from serving.eval_gate import EvalTask, candidate_name, worse
+from serving.loader import Loader, Served, build_ack, latest_releases, targets_me
+from serving.publish import Publisher
+from serving.release_bus import release
+from serving.releases import encode, release_command, send_release_event
+from serving.served import served_now
+from serving.vllm_client import VllmClient
+from tests.serving.helpers import register_stored
 from trainer.registry import Registry
-from trainer.release_bus import release
-from trainer.releases import encode, release_command, send_release_event
-from trainer.served import served_now
-from trainer.vllm_client import VllmClient
 
 TASKS = [EvalTask("2+2=", "4"), EvalTask('Say "hi":', "hi")]
 

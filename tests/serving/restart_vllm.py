@@ -1,6 +1,6 @@
 """A replica's restart command for tests: restart the vLLM a state folder manages on another folder, same port.
 
-    python tests/trainer/restart_vllm.py STATE_DIR PORT FOLDER
+    python tests/serving/restart_vllm.py STATE_DIR PORT FOLDER
 
 What a deployment puts in ``serving.restart_command`` (a systemd unit or a script of its own): stop the
 vLLM, start it on ``FOLDER``, return once it serves (exit 0), or exit non-zero with the reason. This one

@@ -26,16 +26,16 @@ import pytest
 
 from schemas.config import Settings
 from schemas.lake import Lake
+from serving.errors import PublishError
+from serving.eval_gate import EvalTask, candidate_name
+from serving.loader import Loader
+from serving.publish import Publisher
+from serving.served import served_now
+from serving.vllm_client import VllmClient
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
-from tests.trainer.test_release_bus import lora_line
-from trainer.errors import PublishError
-from trainer.eval_gate import EvalTask, candidate_name
-from trainer.loader import Loader
-from trainer.publish import Publisher
+from tests.serving.test_release_bus import lora_line
 from trainer.registry import Registry
-from trainer.served import served_now
-from trainer.vllm_client import VllmClient
 
 PROMPT = "The capital of France is"
 ADAPTER = "agentlake-canary-policy"  # its own name on the shared test vLLM
@@ -163,8 +163,8 @@ def test_the_policy_asset_gates_its_version_on_the_canary(
     from pipelines.defs.assets.policy import policy
     from pipelines.defs.resources import KAFKA_SECRETS, KafkaResource, LakeResource, TrainerResource
     from schemas.config import load_settings
+    from serving.eval_gate import load_eval_tasks
     from tests.trainer.helpers import transition, write_transitions
-    from trainer.eval_gate import load_eval_tasks
 
     lake, opts = object_store.lake_root(), object_store.storage_options
     base_text = canary.complete(vllm_server.served_name, PROMPT, max_tokens=8)

@@ -1,7 +1,7 @@
 """Issue 12's full-weight rollout end to end: two real vLLM replicas restarted one at a time, a gateway paused.
 
 Everything is real: two vLLM CPU servers (tests/fixtures_vllm.py), each with a loader whose restart command
-(tests/trainer/restart_vllm.py) stops its vLLM and starts it on a version folder on the same port; a
+(tests/serving/restart_vllm.py) stops its vLLM and starts it on a version folder on the same port; a
 gateway in front of r1 that the loader pauses around the restart; the session's Kafka broker; the lake
 and the version folders on a real S3 object store (SeaweedFS).
 
@@ -37,17 +37,17 @@ from schemas.kafka import kafka_python_config
 from schemas.lake import Lake
 from schemas.storage import read_bytes, write_bytes
 from schemas.uris import table_uri
+from serving.errors import PublishError
+from serving.loader import Loader, same_folder
+from serving.publish import Publisher
+from serving.restart import command_restart
+from serving.served import served_now
+from serving.vllm_client import VllmClient
 from tests.collectors.helpers import LoopThread, wait_until
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
-from tests.trainer.helpers import register_stored
-from trainer.errors import PublishError
-from trainer.loader import Loader, same_folder
-from trainer.publish import Publisher
+from tests.serving.helpers import register_stored
 from trainer.registry import Registry
-from trainer.restart import command_restart
-from trainer.served import served_now
-from trainer.vllm_client import VllmClient
 
 PROMPT = "The capital of France is"
 NAME = "agentlake-full-policy"  # the line's served name (a LoRA adapter's, in the unload test)
@@ -155,7 +155,7 @@ def _commands(settings: Settings) -> list[tuple[str, str, list[str], dt.datetime
 def test_a_failed_first_publish_unloads_the_adapter_where_it_was_loaded(
     settings: Settings, replicas: dict[str, Any], object_store: ObjectStore, vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    from tests.trainer.test_release_bus import lora_line
+    from tests.serving.test_release_bus import lora_line
 
     line = lora_line(object_store, vllm_server.model_path, tmp_path, NAME)
     reg, v1 = line.reg, line.add(1, seed=2)

@@ -28,7 +28,7 @@ restarted again on the folder it ran before (when known) before the ack says why
 unloaded (``/v1/unload_lora_adapter``); for full weights vLLM is restarted on the folder it ran when the
 loader started (the base model). The ack then says nothing is served under the name.
 
-``evaluate`` (the eval gate on the canary, trainer.canary; only when ``targets`` names this replica): fetch and
+``evaluate`` (the eval gate on the canary, serving.canary; only when ``targets`` names this replica): fetch and
 verify the candidate as above, load it under ``<served>-candidate-<version>``, score it next to what the served
 name serves (the base model when nothing) on the tasks the command carries, unload it, and ack with both scores.
 The served name is not touched, and an evaluate command is not a release: catch-up and resync never replay it.
@@ -65,13 +65,13 @@ from schemas.kafka import kafka_python_config
 from schemas.manifest import ManifestHashes
 from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
+from serving.canary import EVALUATE, evaluate, evaluates_here
+from serving.errors import PublishError
+from serving.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, drain, gateway_call
+from serving.releases import COMMANDS, UNLOAD, encode
+from serving.restart import command_restart
+from serving.vllm_client import VllmClient
 from trainer.artifacts import local_copy
-from trainer.canary import EVALUATE, evaluate, evaluates_here
-from trainer.errors import PublishError
-from trainer.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, drain, gateway_call
-from trainer.releases import COMMANDS, UNLOAD, encode
-from trainer.restart import command_restart
-from trainer.vllm_client import VllmClient
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class Loader:
     timeout_s: float = 120.0
     poll_ms: int = 200
     resync_s: float = 10.0
-    restart: Callable[[str], None] | None = None  # full weights: restart this vLLM on a folder (trainer.restart)
+    restart: Callable[[str], None] | None = None  # full weights: restart this vLLM on a folder (serving.restart)
     restart_timeout_s: float = 600.0  # vLLM's health after a restart
     gateway_url: str | None = None  # the gateway in front of this vLLM, paused around a restart
     gateway_headers: Mapping[str, str] = field(default_factory=dict)  # its admin token
@@ -229,7 +229,7 @@ class Loader:
         try:
             if event.get("status") == UNLOAD:
                 error = self._unload(client, event)
-            elif event.get("status") == EVALUATE:  # trainer.canary: the served name is left as it is
+            elif event.get("status") == EVALUATE:  # serving.canary: the served name is left as it is
                 error, scored = evaluate(client, event, self._fetch)
             elif full:
                 error = self._release_full(client, event)

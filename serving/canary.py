@@ -1,12 +1,12 @@
 """The eval gate through the release bus: one replica, the canary, scores a candidate beside what it serves.
 
 With ``serving.replicas`` the trainer host does not reach the replicas' vLLMs, so the gate
-(trainer.eval_gate) runs on one of them: the canary (``serving.canary``, default the first replica).
+(serving.eval_gate) runs on one of them: the canary (``serving.canary``, default the first replica).
 
 1. The publisher sends an ``evaluate`` command on the models topic (``evaluate_command``): the
    candidate's files and manifest hash as a release command has them, ``targets = [canary]``, and the
    held-out tasks inline (at most ``MAX_TASKS_BYTES`` of JSON: a Kafka record is no place for a data set).
-2. The canary's loader (``trainer.loader.Loader.handle`` calls ``evaluate``) fetches and verifies the
+2. The canary's loader (``serving.loader.Loader.handle`` calls ``evaluate``) fetches and verifies the
    candidate as it would a release, loads it under ``<served>-candidate-<version>``, scores it next to what
    it serves under the served name (the base model when it serves nothing), unloads the temporary name
    whatever happened, and acks with both scores and the number of tasks (``ok`` false and the error on any
@@ -15,7 +15,7 @@ With ``serving.replicas`` the trainer host does not reach the replicas' vLLMs, s
    that failed or stayed silent is ``failed``; only a candidate that is not worse is released to every
    replica, as without the gate.
 
-An evaluate command is not a release: ``trainer.loader.targets_me`` takes ``release`` and ``unload`` only, so
+An evaluate command is not a release: ``serving.loader.targets_me`` takes ``release`` and ``unload`` only, so
 a loader's startup catch-up and its resync never apply one again (a loader that was down when one came
 leaves the publisher to time out, naming the canary).
 """
@@ -32,11 +32,11 @@ from schemas.config import KafkaSettings
 from schemas.errors import AgentlakeError
 from schemas.tables import MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
-from trainer.errors import PublishError
-from trainer.eval_gate import EvalTask, candidate_name, compare
-from trainer.release_bus import wait_for_acks
-from trainer.releases import release_command, send_release_event
-from trainer.vllm_client import VllmClient
+from serving.errors import PublishError
+from serving.eval_gate import EvalTask, candidate_name, compare
+from serving.release_bus import wait_for_acks
+from serving.releases import release_command, send_release_event
+from serving.vllm_client import VllmClient
 
 EVALUATE = "evaluate"  # the status of an evaluate command on the models topic
 MAX_TASKS_BYTES = 256 * 1024  # the tasks' JSON inside one command; Kafka's default record limit is 1 MiB

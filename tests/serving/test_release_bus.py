@@ -29,18 +29,18 @@ from schemas.config import Settings
 from schemas.lake import Lake
 from schemas.storage import read_bytes, write_bytes
 from schemas.uris import table_uri
+from serving.errors import PublishError
+from serving.loader import Loader
+from serving.publish import Publisher
+from serving.served import TABLE, served_now
+from serving.vllm_client import VllmClient
 from tests.fixtures_vllm import VllmServer
 from tests.objectstore import ObjectStore
-from tests.trainer.helpers import register_stored
+from tests.serving.helpers import register_stored
 from trainer.checkpoints import save_checkpoint
 from trainer.config import TrainConfig
-from trainer.errors import PublishError
-from trainer.loader import Loader
-from trainer.publish import Publisher
 from trainer.registry import Registry
-from trainer.served import TABLE, served_now
 from trainer.train import load_policy
-from trainer.vllm_client import VllmClient
 
 PROMPT = "The capital of France is"
 ADAPTER = "agentlake-bus-policy"  # not the base model's name, not the other tests' adapters
