@@ -127,6 +127,7 @@ def test_a_failing_replica_acks_the_error_and_a_silent_one_is_named(
     assert again.acks["r1"]["version"] == "v2" and [a["version"] for a in running] == ["v1", "v2"]
 
 
+@pytest.mark.slow  # three replicas' loaders through a real broker: ~15 s
 @pytest.mark.kafka
 def test_publish_through_the_bus_records_every_replicas_error(
     settings: Settings, running: list[dict[str, Any]], tmp_path: Path
