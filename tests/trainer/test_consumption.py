@@ -71,6 +71,7 @@ def _sensor_count(lake: Path) -> int:
     return new_transitions(load_settings(environ={}, overrides={"lake": {"root": str(lake)}}))[0]
 
 
+@pytest.mark.slow  # several training rounds: ~6 s
 def test_compaction_and_vacuum_between_rounds_bring_back_no_old_rows(
     lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]]
 ) -> None:

@@ -111,6 +111,7 @@ def test_an_ack_says_what_was_asked_and_what_is_served() -> None:
     assert build_ack(cmd, "r1", error=None, served=served, seconds=0.1)["ok"]
 
 
+@pytest.mark.slow  # waits out a silent replica's ack timeout: ~7 s
 @pytest.mark.kafka
 def test_a_failing_replica_acks_the_error_and_a_silent_one_is_named(
     settings: Settings, running: list[dict[str, Any]]

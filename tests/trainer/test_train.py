@@ -85,6 +85,7 @@ def test_training_lowers_loss_and_prefers_positive_advantage(tiny_model_dir: Pat
         assert result.history[-1]["clip_frac"] > 0  # the ratio left the trust region by the end
 
 
+@pytest.mark.slow  # full fine-tuning with a reference model: ~6 s
 def test_full_finetune_with_kl_and_checkpoint_roundtrip(tiny_model_dir: Path, tmp_path: Path) -> None:
     rows, pairs = _fixed_transitions(tiny_model_dir)
     cfg = TrainConfig(
