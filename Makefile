@@ -1,5 +1,5 @@
 # The two commands a new user needs. Both set up .venv themselves (idempotent).
-.PHONY: demo test venv lint down
+.PHONY: demo test test-fast venv lint down
 
 venv:
 	@bash scripts/bootstrap.sh
@@ -10,8 +10,12 @@ demo: venv
 test: venv
 	@bash scripts/test.sh
 
+# the edit loop: lint and the tests not marked slow or vllm (at most 5 minutes)
+test-fast: venv
+	@TIER=fast bash scripts/test.sh
+
 lint: venv
-	@.venv/bin/ruff check .
+	@bash scripts/lint.sh
 
 down: venv
 	@.venv/bin/agentlake down

@@ -1,3 +1,3 @@
-from agentlake.cli import app
+from agentlake.entry import main
 
-app()
+main()

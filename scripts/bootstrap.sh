@@ -26,6 +26,6 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     $PIP install "torch==2.13.0"
   fi
 fi
-echo "==> installing agentlake and its dependencies into $VENV"
-$PIP install -e ".[dev,examples]"
+echo "==> installing agentlake with every extra (all, dev, examples) into $VENV"
+$PIP install -e ".[all,dev,examples]"
 echo "$HASH" > "$STAMP"

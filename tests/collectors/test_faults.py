@@ -73,6 +73,7 @@ def own_broker(tmp_path) -> Iterator[tuple[LocalBroker, KafkaSettings]]:
             broker.resume()  # never leave a stopped process behind
 
 
+@pytest.mark.slow  # a broker frozen under load, then the stored log checked: ~11 s
 def test_frozen_broker_during_load_loses_and_doubles_nothing(own_broker, tmp_path) -> None:
     broker, kafka = own_broker
     settings = load_settings(

@@ -41,7 +41,8 @@ from schemas import span_checks
 from schemas.config import Settings, load_settings
 from tests.collectors.helpers import running_collector
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "2500"))  # per entry point: 10,000 bodies in all
+# per entry point: 10,000 bodies in all (`make test-fast` sets fewer)
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "2500"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -257,6 +257,7 @@ def _post_huge(port: int, total: int, *, chunked: bool) -> bytes:
     return answer
 
 
+@pytest.mark.slow  # a gateway process and 400 MB sent: ~7 s
 def test_a_200_mb_body_is_refused_without_being_buffered(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLAKE_")}

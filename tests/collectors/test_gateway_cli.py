@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agentlake.stack.ports import free_port
 from schemas.config import KafkaSettings
@@ -20,6 +21,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a gateway process and three CLI processes: ~10 s
 def test_pause_resume_state(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLAKE_")}

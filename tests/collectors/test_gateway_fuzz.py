@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from schemas.config import load_settings
 from tests.collectors.helpers import LoopThread, wait_until
 
 EXAMPLES = settings(
-    max_examples=1500,
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1500")),  # `make test-fast` runs fewer
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

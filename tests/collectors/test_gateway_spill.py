@@ -80,6 +80,7 @@ def spill_of(base: str) -> dict[str, object]:
     return httpx.get(f"{base}/health", timeout=5).json()["spill"]
 
 
+@pytest.mark.slow  # a broker down, then started, behind a restarted gateway: ~7 s
 def test_calls_wait_on_disk_across_a_restart_and_reach_kafka_once_in_order(tmp_path: Path) -> None:
     port = free_port()
     settings = settings_for(tmp_path, port)

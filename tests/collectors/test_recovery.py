@@ -29,7 +29,8 @@ from agentlake.stack.ports import free_port
 from schemas.config import KafkaSettings, Settings, load_settings
 from tests.collectors.helpers import read_topic, running_collector, spans_of, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
+# slow: each test waits out a broker outage and the clients' recovery (35-45 s on 2 busy cores)
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(240)]
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 

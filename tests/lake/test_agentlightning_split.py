@@ -142,6 +142,7 @@ def export_requests(traces: list[list[ReadableSpan]], rng: random.Random) -> lis
     return [encode_spans(r).SerializeToString() for r in requests]
 
 
+@pytest.mark.slow  # Agent Lightning rollouts split over many requests, through to transitions: ~6 s
 def test_agent_lightning_rollouts_split_over_requests_stay_whole(settings: Settings, tmp_path: Path) -> None:
     rng = random.Random(14)
     traces = [agl_rollout(i, rng) for i in range(N_ROLLOUTS)]

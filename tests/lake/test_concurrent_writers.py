@@ -62,6 +62,7 @@ def _signed(method: str, url: str, body: bytes = b"", headers: dict[str, str] | 
     return signed
 
 
+@pytest.mark.slow  # racing writers on the object store: ~9 s
 def test_the_store_lets_one_create_only_put_win(object_store: ObjectStore) -> None:
     """The property delta-rs's commits rely on: of racing ``If-None-Match: *`` PUTs exactly one lands."""
     for _ in range(5):

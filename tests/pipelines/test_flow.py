@@ -197,6 +197,7 @@ def run_unrewarded(settings: Settings) -> None:
     assert failed <= {"reward_coverage"}, failed
 
 
+@pytest.mark.slow  # waits out a reward horizon through the sensor: ~10 s
 def test_the_sensor_runs_the_lake_when_a_reward_horizon_passes_without_new_records(settings: Settings) -> None:
     """A rollout that never gets its reward is settled when its horizon passes, though no record arrives."""
     settings.credit.reward_horizon_s = 5.0

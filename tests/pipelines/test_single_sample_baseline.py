@@ -15,6 +15,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import polars as pl
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -76,6 +77,7 @@ def saved(feed_: Feed) -> str:
     return TenantBaselines.from_json(saved_baseline(feed_.lake)).to_json()
 
 
+@pytest.mark.slow  # 12 examples of several incremental runs each: ~10 s
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=rollouts, cuts=st.lists(st.booleans(), min_size=12, max_size=12), horizon=st.sampled_from([None, 120]))
 def test_incremental_runs_in_any_batches_equal_one_run_over_everything(

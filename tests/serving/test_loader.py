@@ -112,6 +112,7 @@ def test_an_ack_says_what_was_asked_and_what_is_served() -> None:
     assert build_ack(cmd, "r1", error=None, served=served, seconds=0.1)["ok"]
 
 
+@pytest.mark.slow  # waits out a silent replica's ack timeout: ~7 s
 @pytest.mark.kafka
 def test_a_failing_replica_acks_the_error_and_a_silent_one_is_named(
     settings: Settings, running: list[dict[str, Any]]
@@ -128,6 +129,7 @@ def test_a_failing_replica_acks_the_error_and_a_silent_one_is_named(
     assert again.acks["r1"]["version"] == "v2" and [a["version"] for a in running] == ["v1", "v2"]
 
 
+@pytest.mark.slow  # three replicas' loaders through a real broker: ~15 s
 @pytest.mark.kafka
 def test_publish_through_the_bus_records_every_replicas_error(
     settings: Settings, running: list[dict[str, Any]], tmp_path: Path

@@ -107,6 +107,7 @@ def test_publish_records_status_and_announces_it_then_rolls_back(
     assert all(e["served_name"] == "agentlake-policy" and e["kind"] == "lora" for e in events)
 
 
+@pytest.mark.slow  # a training round, then a refused publish: ~7 s
 @pytest.mark.kafka
 def test_failed_publish_is_recorded_and_serving_is_untouched(
     settings: Settings, vllm: FakeVllm, two_versions: Registry
@@ -128,6 +129,7 @@ def test_failed_publish_is_recorded_and_serving_is_untouched(
     assert "boom" in events[-1]["error"]
 
 
+@pytest.mark.slow  # a training round, then vLLM's connect timeouts: ~6 s
 def test_unreachable_vllm_is_a_recorded_failure(two_versions: Registry) -> None:
     # A port that was free a moment ago and that nobody listens on: connection refused.
     pub = Publisher(registry=two_versions, vllm_url=f"http://127.0.0.1:{free_port()}", served_name="p")

@@ -36,6 +36,7 @@ def test_every_yaml_in_deploy_parses() -> None:
         assert isinstance(yaml.safe_load(path.read_text()), dict), path
 
 
+@pytest.mark.slow  # starts PostgreSQL: ~6 s
 @pytest.mark.skipif(postgres.bin_dir() is None, reason="PostgreSQL is not installed (apt-get install postgresql)")
 def test_deploy_dagster_yaml_runs_on_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The instance a deployment gets: validated by Dagster's schema, opened and queried on a real PostgreSQL."""

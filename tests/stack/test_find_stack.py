@@ -144,6 +144,7 @@ def test_dagster_yaml_needs_no_environment_variable(tmp_path: Path, monkeypatch:
         instance.dispose()
 
 
+@pytest.mark.slow  # `agentlake up` and restarts of a whole stack: ~19 s
 def test_the_local_broker_keeps_its_port_across_restarts(tmp_path: Path) -> None:
     from agentlake.stack import local, processes
 

@@ -132,6 +132,7 @@ def test_every_client_over_mutual_tls(broker: TlsBroker, tls: TlsFiles, tmp_path
         consumer.close()
 
 
+@pytest.mark.slow  # waits out the clients' TLS failures: ~7 s
 def test_a_client_without_its_certificate_is_refused(broker: TlsBroker, tls: TlsFiles, tmp_path: Path) -> None:
     """The proxy demands a client certificate: the same settings minus the files get nowhere."""
     s = tls_settings(broker, tls, tmp_path, ssl_certfile=None, ssl_keyfile=None, ssl_key_password=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from agentlake.cli import app
@@ -13,6 +14,7 @@ from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.registry import Registry
 
 
+@pytest.mark.slow  # a training round through the CLI: ~12 s
 def test_train_once_then_list_show_and_a_failed_publish(tmp_path: Path, lake: Path, tiny_model_dir: Path) -> None:
     config = tmp_path / "agentlake.toml"
     config.write_text(

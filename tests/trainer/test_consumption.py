@@ -71,6 +71,7 @@ def _sensor_count(lake: Path) -> int:
     return new_transitions(load_settings(environ={}, overrides={"lake": {"root": str(lake)}}))[0]
 
 
+@pytest.mark.slow  # several training rounds: ~6 s
 def test_compaction_and_vacuum_between_rounds_bring_back_no_old_rows(
     lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]]
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_group_rewrite_of_trained_transitions_trains_only_its_new_rows(
     assert summary["transitions"] == 1 and summary["table_versions"] == [second.version_end]
 
 
+@pytest.mark.slow  # several training rounds: ~13 s
 def test_over_several_versions_each_transition_is_consumed_once_and_lineage_joins_in_sql(
     lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]]
 ) -> None:

@@ -165,6 +165,7 @@ def test_fsdp_continues_the_parents_adapter_and_adamw_moments(tmp_path: Path, ti
         assert torch.allclose(s["exp_avg_sq"], o2["state"][i]["exp_avg_sq"], atol=1e-8, rtol=1e-3)
 
 
+@pytest.mark.slow  # torchrun job of 2 ranks: 15-30 s on 2 busy cores
 def test_a_failing_rank_ends_the_job_with_its_error(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -180,6 +181,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(
     assert Registry(Lake(str(lake))).rows() == []
 
 
+@pytest.mark.slow  # torchrun job of 2 ranks: 15-30 s on 2 busy cores
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_model_dir: Path, parallel: str) -> None:
     from dagster import materialize
@@ -205,6 +207,7 @@ def test_the_policy_asset_launches_the_multi_process_job(tmp_path: Path, tiny_mo
     assert [r["version"] for r in Registry(Lake(str(lake))).rows()] == ["v0001"]
 
 
+@pytest.mark.slow  # torchrun job of 2 ranks: 15-30 s on 2 busy cores
 def test_agentlake_train_nproc_parallel_fsdp_runs_the_job_and_reports_rank_0s_round(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -193,6 +193,7 @@ def test_a_fresh_cache_downloads_and_verifies_and_a_changed_object_is_refused_by
         local_copy(row, cache_dir=cache, storage_options=opts)
 
 
+@pytest.mark.slow  # two hosts' rounds and downloads on the object store: ~8 s
 def test_publish_and_rollback_from_a_host_that_never_trained_load_verified_downloads(
     object_store: ObjectStore, tiny_model_dir: Path, tmp_path: Path, vllm: FakeVllm
 ) -> None:

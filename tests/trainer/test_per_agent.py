@@ -58,6 +58,7 @@ def _trained_agents(lake: Path, version: str) -> set[str]:
     return {by_id[i] for i in ids.to_pylist()}
 
 
+@pytest.mark.slow  # a training round per agent: ~6 s
 def test_each_listed_agent_gets_a_line_trained_on_its_own_rows_and_one_line_moves_alone(
     lake: Path, tiny_model_dir: Path, tokens: dict[str, list[int]], vllm: FakeVllm
 ) -> None:

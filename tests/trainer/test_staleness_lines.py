@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from schemas.lake import Lake
 from tests.trainer.helpers import transition, write_transitions
@@ -86,6 +87,7 @@ def _cfg(model: Path, lake: Path, tmp_path: Path, **kw: object) -> TrainConfig:
     return TrainConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # several training rounds: ~10 s
 def test_a_lines_round_skips_and_records_by_its_own_versions(lake: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = _cfg(tiny_model_dir, lake, tmp_path, max_staleness=1)
     registry = Registry(Lake(str(lake)))
