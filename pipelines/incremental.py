@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from pipelines import keys
-from pipelines.credit import TenantBaselines
+from pipelines.credit import RunningBaseline, TenantBaselines
 from pipelines.identity import resolve_rollouts
 from pipelines.ingest import app_id
 from pipelines.retokenize import Retokenizer
@@ -339,8 +339,7 @@ def update_transitions(
     touched = changed.select(columns).collect()
     lapsed, expired_until = _lapsed(traj, credit, now, lake.txn("transitions", EXPIRED_UNTIL))
     if lapsed is not None:
-        lapsed = lapsed.select(columns).collect()
-        touched_or_lapsed = pl.concat([touched, lapsed]).unique(keys.ROLLOUT, keep="first")
+        touched_or_lapsed = pl.concat([touched, lapsed.select(columns).collect()]).unique(keys.ROLLOUT, keep="first")
     else:
         touched_or_lapsed = touched
     # Rollouts the trajectories step removed (their trace joined another rollout), and the groups
@@ -373,15 +372,17 @@ def update_transitions(
     if expired_until is not None:
         marks[EXPIRED_UNTIL] = expired_until
     chunks = _group_chunks(list(sizes.select(keys.GROUP).iter_rows()), sizes["len"].to_list(), chunk_rollouts)
-    baseline = None
+    baseline: RunningBaseline | TenantBaselines | None = None
     if credit.advantage == "running_baseline":
         baseline = TenantBaselines.from_json(_saved_baseline(lake))
     dropped: dict[str, int] = {}
     mismatches = defaulted = 0
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
-        rows = traj.filter(pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups]))
-        rows = keys.keep(rows.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
+        picked = traj.filter(
+            pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups])
+        )
+        rows = keys.keep(picked.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
         known, held = _known_baselines(previous, groups) if baseline is not None else (None, None)
         out = build(
             rows,

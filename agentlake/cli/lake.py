@@ -142,7 +142,7 @@ def accept_reset(
         console.print("[bold red]error:[/] no Kafka address: run `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
         raise typer.Exit(2)
     for kind in ("spans", "rewards") if topic == "all" else (topic,):
-        done = accept(lake, s.kafka, kind)  # type: ignore[arg-type]
+        done = accept(lake, s.kafka, kind)
         name = s.kafka.spans_topic if kind == "spans" else s.kafka.rewards_topic
         if done is None:
             console.print(f"{kind}: the log of {name} holds what the lake ingested; nothing to accept")

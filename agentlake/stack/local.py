@@ -139,15 +139,16 @@ def _broker_port(settings: Settings) -> int:
 def write_stack_file(settings: Settings, bootstrap: str) -> Path:
     """Record the live addresses and processes of the stack for every other tool; return the file."""
     sdir = state_dir(settings)
-    procs = {}
-    for proc in processes.list_managed(sdir):
-        if proc.is_running():
-            procs[proc.name] = {"pid": proc.pid, "create_time": proc.create_time, "address": proc.address}
+    running = {proc.name: proc for proc in processes.list_managed(sdir) if proc.is_running()}
+    procs = {
+        name: {"pid": proc.pid, "create_time": proc.create_time, "address": proc.address}
+        for name, proc in running.items()
+    }
     c, g, v, d = settings.collector, settings.gateway, settings.vllm, settings.dagster
     vllm_port = v.port
-    if "vllm" in procs:  # port 0 in the settings: the one it was started on
+    if "vllm" in running:  # port 0 in the settings: the one it was started on
         try:
-            vllm_port = int(procs["vllm"]["address"].rsplit(":", 1)[1].split("/")[0])
+            vllm_port = int(running["vllm"].address.rsplit(":", 1)[1].split("/")[0])
         except (IndexError, ValueError):
             pass
     lake_root = normalize_uri(settings.lake.root)  # one spelling per lake, as every table location
