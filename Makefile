@@ -12,6 +12,7 @@ test: venv
 
 lint: venv
 	@.venv/bin/ruff check .
+	@.venv/bin/mypy --config-file mypy.ini
 
 down: venv
 	@.venv/bin/agentlake down
