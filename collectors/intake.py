@@ -202,7 +202,7 @@ class Collector:
         if task is None:
             task = asyncio.ensure_future(self.sink.send(records))
             self._pending[key] = task
-            task.add_done_callback(lambda t, k=key: self._finished(k, t))
+            task.add_done_callback(lambda t: self._finished(key, t))
         else:
             self.stats.retried_duplicates += 1
         try:

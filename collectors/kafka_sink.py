@@ -312,7 +312,8 @@ class KafkaSink:
             produce = client.producer.produce
             for r in records:
                 try:
-                    produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=waiter.delivered)
+                    # confluent-kafka's stub wants list[tuple[str, str | bytes | None]]: a list is invariant
+                    produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=waiter.delivered)  # type: ignore[arg-type]
                 except BufferError:
                     waiter.failed(SinkBusy("the Kafka producer's queue is full; retry shortly"))
                     break

@@ -390,7 +390,7 @@ def split_traces(
         (topics.HEADER_RECEIVED_AT, received),
         (topics.HEADER_CONTENT_TYPE, _SPANS_CONTENT_TYPE),
     ]
-    reuse = original is not None and single_pass_ok and len(groups) == 1
+    whole = original if single_pass_ok and len(groups) == 1 else None  # the request as sent is the record
     resource_heads: dict[int, bytes] = {}
     scope_heads: dict[tuple[int, int], bytes] = {}
     for tid, by_res in groups.items():
@@ -398,8 +398,8 @@ def split_traces(
         # and every piece of one trace must land in the same partition, in order. Which rollout a
         # trace belongs to is decided once, by the pipeline (`pipelines/silver/identity.py`).
         key = tid.hex().encode()
-        if reuse:
-            value = original
+        if whole is not None:
+            value = whole
         else:
             parts = []
             for ri, by_scope in by_res.items():
@@ -457,7 +457,7 @@ def reward_records(body: bytes, *, tenant: str, topic: str, received_at_ns: int)
             raise BadRequest(f"{prefix}{exc}") from exc
         if record.get("timestamp") is None:
             record["timestamp"] = received
-        key = record.get("rollout_id") or record.get("trace_id") or record.get("response_id")
+        key: str = record.get("rollout_id") or record.get("trace_id") or record["response_id"]
         value = json.dumps(record, default=_json_default, separators=(",", ":")).encode()
         out.append(Record(topic, key.encode(), value, list(headers)))
     return out

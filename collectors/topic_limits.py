@@ -62,6 +62,8 @@ def topic_limits(
     out: dict[str, int] = {}
     for name, configs in described.get("topic", {}).items():
         value = (configs.get("max.message.bytes") or {}).get("value")
+        if value is None:
+            continue
         try:
             out[name] = int(value)
         except (TypeError, ValueError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 import pyarrow as pa
@@ -147,7 +147,7 @@ class Lake:
         data: pa.Table,
         *,
         txns: Mapping[str, int] | None = None,
-        mode: str = "append",
+        mode: Literal["append", "overwrite"] = "append",
         predicate: str | None = None,
         metadata: Mapping[str, str] | None = None,
         snapshot: DeltaTable | None = None,
@@ -206,7 +206,7 @@ class Lake:
             write_deltalake(
                 dt if dt is not None else self.uri(name),
                 data,
-                mode=mode,  # type: ignore[arg-type]
+                mode=mode,
                 partition_by=PARTITION_COLUMNS[base_table(name) or name] or None,
                 storage_options=None if dt is not None else self._opts(),
                 configuration=None if dt is not None else table_configuration(name) or None,

@@ -73,7 +73,7 @@ def filesystem(
             kwargs["region"] = region
         if endpoint:
             kwargs["force_virtual_addressing"] = _truthy(opts.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"))
-        return pafs.S3FileSystem(**kwargs, **(s3_extra or {})), rest  # type: ignore[arg-type]
+        return pafs.S3FileSystem(**kwargs, **(s3_extra or {})), rest
     if scheme in ("gs", "gcs"):
         return pafs.GcsFileSystem(), rest
     if scheme in ("az", "azure", "abfs", "abfss"):
@@ -81,7 +81,7 @@ def filesystem(
         key = opts.get("AZURE_STORAGE_ACCOUNT_KEY") or opts.get("AZURE_STORAGE_ACCESS_KEY")
         authority, slash, key_path = rest.partition("/")
         container_path = authority.split("@", 1)[0] + slash + key_path  # abfss://container@account.../path
-        return pafs.AzureFileSystem(account_name=account, account_key=key), container_path  # type: ignore[attr-defined]
+        return pafs.AzureFileSystem(account_name=account, account_key=key), container_path
     raise ValueError(f"{uri!r}: no filesystem for the scheme {scheme!r} (use s3://, gs://, az:// or a local path)")
 
 

@@ -31,7 +31,7 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _digits(value: int) -> str:
+def _digits(value: int | float) -> str:
     """A huge integer, named without printing all of it."""
     return f"an integer of {len(str(abs(value)))} digits" if abs(value) >= 10**30 else str(value)
 
@@ -92,7 +92,7 @@ def _check_value(path: str, value: Any, typ: pa.DataType) -> Any:
         if not isinstance(value, list | tuple):
             raise RecordValidationError(path, f"expected a list, got {_type_name(value)}")
         item = typ.value_field
-        out = []
+        out: list[Any] = []
         for i, v in enumerate(value):
             if v is None:
                 if not item.nullable:

@@ -44,7 +44,8 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     # peft's save_pretrained writes only the adapter; a plain model writes every weight.
-    model.save_pretrained(tmp, safe_serialization=True)
+    # (torch types a Module's undeclared attributes as Tensor | Module: this one is a transformers/peft model)
+    model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
     if cfg.finetune == "full" and tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     (tmp / META_FILE).write_text(json.dumps({**meta, "config": cfg.recorded()}, indent=2, default=str))

@@ -22,6 +22,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -212,7 +213,7 @@ class Batch:
     n_tokens: int  # real (non-pad) tokens, for tokens/s
 
     def to(self, device: torch.device | str) -> Batch:
-        moved = {
+        moved: dict[str, Any] = {  # tensors moved, counts as they are
             k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()
         }
         return Batch(**moved)

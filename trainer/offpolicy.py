@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import pyarrow as pa
 
@@ -77,7 +77,7 @@ def is_on_policy(policy_version: str | None, current_version: str | None) -> boo
     return staleness(policy_version, current_version) == 0
 
 
-def tis_enabled(tis_cap: float | None) -> bool:
+def tis_enabled(tis_cap: float | None) -> TypeGuard[float]:
     return tis_cap is not None and tis_cap > 0
 
 
@@ -127,8 +127,8 @@ def source_stats(
             ratio = math.exp(lp_old - lp_beh)
             a["ratio_tokens"] += 1
             a["ratio_sum"] += ratio
-            a["capped"] += ratio > tis_cap  # type: ignore[operator]
-            a["w"] += min(ratio, tis_cap)  # type: ignore[type-var]
+            a["capped"] += ratio > tis_cap
+            a["w"] += min(ratio, tis_cap)
     out: dict[str, dict[str, Any]] = {}
     for src, a in sorted(acc.items()):
         n = a["ratio_tokens"]

@@ -35,7 +35,7 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -221,7 +221,8 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any,
     plan = _plan_round(cfg, force=force, line=line) if is_main() else None
     # Rank 0's decision on every rank: a skip, or the job (rank 0 fetched the parent's folder before this
     # broadcast, which is the barrier before the other ranks load it).
-    job = share(plan.job if isinstance(plan, _Plan) else plan)
+    # (cast: mypy solves share's T | None from a union as object)
+    job = cast("_Job | RoundResult", share(plan.job if isinstance(plan, _Plan) else plan))
     if isinstance(job, RoundResult):
         return job
     if isinstance(plan, _Plan):  # rank 0 reports for the job
@@ -235,7 +236,7 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any,
         current_version=job.current,
         tracker=tracker,
     )
-    if plan is None:
+    if not isinstance(plan, _Plan):  # None on the other ranks (rank 0's skip was returned above)
         return RoundResult(None, reason="a data-parallel rank other than 0: rank 0 records the version", agent=line)
     recorded = _record_round(cfg, plan, result, line=line)
     tracker.log_params({"version": recorded.version})
@@ -341,7 +342,8 @@ def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | Non
     end, n = data.version_end, data.rows.num_rows
     offpolicy = with_skipped(result.offpolicy, plan.skipped, current_version=current, line_versions=plan.line_versions)
 
-    refusals = {"refused_unknown_adapter": sum(plan.refused.values()), "refused_adapters": plan.refused}
+    refused_total = sum(plan.refused.values())
+    refusals = {"refused_unknown_adapter": refused_total, "refused_adapters": plan.refused}
     version, number = registry.next_version()
     credit = recorded_credit(lake, cfg.table, end)  # a variant's settings (or the pipeline's), as its commits say
     meta = {
@@ -415,7 +417,7 @@ def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | Non
         n_transitions=n,
         version_start=start,
         version_end=end,
-        metrics={**result.summary, "refused_unknown_adapter": float(refusals["refused_unknown_adapter"])},
+        metrics={**result.summary, "refused_unknown_adapter": float(refused_total)},
         history=result.history,
         offpolicy=offpolicy,
     )

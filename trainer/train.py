@@ -195,7 +195,8 @@ def shard_model(model: torch.nn.Module, device: torch.device, n_ranks: int) -> i
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (n_ranks,))
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
+    base_model = getattr(model, "get_base_model", None)  # under a peft wrapper
+    hf = base_model() if base_model is not None else model
     blocks = set(getattr(hf, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in blocks]
     for layer in layers:

@@ -47,8 +47,9 @@ class CurrentTracer(trace.Tracer):
     def start_span(self, name: str, *args: Any, **kwargs: Any) -> trace.Span:
         return self._current().start_span(name, *args, **kwargs)
 
+    # OTel types the base method with its private _AgnosticContextManager, a subclass of contextlib's
     @contextmanager
-    def start_as_current_span(self, name: str, *args: Any, **kwargs: Any) -> Iterator[trace.Span]:
+    def start_as_current_span(self, name: str, *args: Any, **kwargs: Any) -> Iterator[trace.Span]:  # type: ignore[override]
         with self._current().start_as_current_span(name, *args, **kwargs) as span:
             yield span
 

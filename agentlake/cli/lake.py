@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import typer
@@ -15,8 +16,12 @@ from rich.table import Table
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
 
+if TYPE_CHECKING:  # imported lazily, at the call
+    from schemas.config import Settings
+    from schemas.lake import Lake
 
-def _lake(config: str | None):  # noqa: ANN202 - returns schemas.lake.Lake, imported lazily
+
+def _lake(config: str | None) -> tuple[Settings, Lake]:
     from schemas.lake import Lake
 
     s = settings_or_exit(config)
@@ -142,7 +147,7 @@ def accept_reset(
         console.print("[bold red]error:[/] no Kafka address: run `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
         raise typer.Exit(2)
     for kind in ("spans", "rewards") if topic == "all" else (topic,):
-        done = accept(lake, s.kafka, kind)  # type: ignore[arg-type]
+        done = accept(lake, s.kafka, kind)
         name = s.kafka.spans_topic if kind == "spans" else s.kafka.rewards_topic
         if done is None:
             console.print(f"{kind}: the log of {name} holds what the lake ingested; nothing to accept")

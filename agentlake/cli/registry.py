@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -13,15 +14,18 @@ from agentlake.cli.app import ConfigOption, console, handle_errors, settings_or_
 from agentlake.cli.model import model_app
 from schemas.config import Settings
 
+if TYPE_CHECKING:  # the trainer is imported lazily, at the call
+    from trainer.registry import Registry
 
-def _registry(settings: Settings):  # noqa: ANN202 - keeps the trainer import lazy
+
+def _registry(settings: Settings) -> Registry:
     from schemas.lake import Lake
     from trainer.registry import Registry
 
     return Registry(Lake.from_settings(settings))
 
 
-def _restart(settings: Settings):  # noqa: ANN202 - keeps the stack's import lazy
+def _restart(settings: Settings) -> Callable[[str], None]:
     """Full-weight versions: restart the vLLM this state folder manages, its steps printed."""
     from agentlake.stack.vllm import vllm_restarter
 

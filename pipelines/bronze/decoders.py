@@ -94,8 +94,8 @@ def decode_batch(
     """Rows and quarantine rows of ``batch``; spans redacted by ``redactor`` (None: not redacted,
     their ``redacted`` column null; only for comparing ids, never for rows that are stored)."""
     if kind == "spans":
-        rows, bad = decode_spans(batch)
-        return (rows if redactor is None else redact_spans(rows, redactor)), bad
+        table, quarantined = decode_spans(batch)
+        return (table if redactor is None else redact_spans(table, redactor)), quarantined
     rows: list[dict[str, Any]] = []
     bad: list[dict[str, Any]] = []
     for rec in batch:

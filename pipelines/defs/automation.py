@@ -159,7 +159,7 @@ def new_transitions(settings: Settings) -> tuple[int, int | None]:
     default_status=DefaultSensorStatus.RUNNING,
     description="Trains a new policy version once `trainer.min_new_transitions` new transitions exist.",
 )
-def enough_transitions_sensor(context: SensorEvaluationContext, trainer: TrainerResource) -> SensorResult:
+def enough_transitions_sensor(context: SensorEvaluationContext, trainer: TrainerResource) -> SensorResult | SkipReason:
     settings = trainer.settings()
     n, end = new_transitions(settings)
     if n < settings.trainer.min_new_transitions:

@@ -212,7 +212,10 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
     s = settings or load_settings()
     options = {k: v for k, v in s.lake.storage_options.items() if not is_secret_option(k)}
     secret_options = {k: v for k, v in s.lake.storage_options.items() if is_secret_option(k)}
-    kafka_secrets = {key: secret_env("kafka", key, v) for key in KAFKA_SECRETS if (v := getattr(s.kafka, key))}
+    # Any: passed as **kwargs, which mypy checks against every keyword of the resource, not the two named
+    kafka_secrets: dict[str, Any] = {
+        key: secret_env("kafka", key, v) for key in KAFKA_SECRETS if (v := getattr(s.kafka, key))
+    }
     lake = LakeResource(
         root=s.lake.root,
         storage_options=options,

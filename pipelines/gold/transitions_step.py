@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from pipelines import keys
-from pipelines.gold.baselines import TenantBaselines
+from pipelines.gold.baselines import RunningBaseline, TenantBaselines
 from pipelines.gold.estimators import is_stateful
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.reward_horizon import EXPIRED_UNTIL, known_at, lapsed
@@ -100,15 +100,17 @@ def update_transitions(
     if expired_until is not None:
         marks[EXPIRED_UNTIL] = expired_until
     chunks = group_chunks(list(sizes.select(keys.GROUP).iter_rows()), sizes["len"].to_list(), chunk_rollouts)
-    baseline = None
+    baseline: RunningBaseline | TenantBaselines | None = None
     if is_stateful(credit.advantage):
         baseline = TenantBaselines.from_json(saved_baseline(lake))
     dropped: dict[str, int] = {}
     mismatches = defaulted = 0
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
-        rows = traj.filter(pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups]))
-        rows = keys.keep(rows.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
+        picked = traj.filter(
+            pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups])
+        )
+        rows = keys.keep(picked.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
         known, held = _known_baselines(previous, groups) if baseline is not None else (None, None)
         out = build(
             rows,

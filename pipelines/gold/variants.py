@@ -25,6 +25,7 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 import polars as pl
 import pyarrow as pa
@@ -46,6 +47,17 @@ MAIN_NAMES = ("main", "transitions")  # names that would mean the pipeline's own
 TRAJECTORIES_VERSION_KEY = "agentlake.trajectories_version"  # variant commit metadata: the version it read
 
 
+class VariantInfo(TypedDict):
+    """What ``describe`` tells of a built variant."""
+
+    table: str
+    version: int
+    built_at_version: int | None
+    rows: int
+    credit: dict[str, Any]
+    trajectories_version: int
+
+
 @dataclass
 class VariantResult:
     """What one rebuild wrote: the table, its new version and what went in."""
@@ -61,7 +73,7 @@ class VariantResult:
 
 def default_name(credit: CreditSettings) -> str:
     """A variant name spelled from the settings that change credit most: ``discounted_g0p9_rloo``."""
-    parts = [credit.mode]
+    parts: list[str] = [credit.mode]
     if credit.mode in ("discounted", "per_step"):  # gamma means nothing to the other modes
         parts.append("g" + f"{credit.gamma:g}".replace(".", "p"))
     parts.append(credit.advantage)
@@ -117,8 +129,8 @@ def rebuild_variant(
     rollouts = 0
     baseline = None
     for chunk in chunks:
-        rows = traj.filter(pl.col("tenant").is_in(sorted({t for t, _ in chunk})) & group.is_in([g for _, g in chunk]))
-        rows = keys.keep(rows.with_columns(group).collect(engine="streaming"), chunk, "group_id").drop("group_id")
+        picked = traj.filter(pl.col("tenant").is_in(sorted({t for t, _ in chunk})) & group.is_in([g for _, g in chunk]))
+        rows = keys.keep(picked.with_columns(group).collect(engine="streaming"), chunk, "group_id").drop("group_id")
         out = build(rows, credit, now=now, retokenizer=retokenizer)
         parts.append(out.table)
         rollouts += out.rollouts
@@ -162,7 +174,7 @@ def variant_names(lake: Lake) -> list[str]:
     return sorted(names)
 
 
-def describe(lake: Lake, name: str) -> dict[str, object] | None:
+def describe(lake: Lake, name: str) -> VariantInfo | None:
     """A variant's newest version, rows, credit settings and source `trajectories` version (None: not built)."""
     table = variant_table(name)
     dt_ = lake.table(table)

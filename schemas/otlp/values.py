@@ -16,7 +16,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 # Scalar kinds an array is read by at C speed: a field holds its default ("", 0, 0.0, False) when
 # another one of the oneof is set, so only items that read as a default need another look.
-_READ_SCALAR = {kind: attrgetter(kind) for kind in ("string_value", "int_value", "double_value", "bool_value")}
+_READ_SCALAR: dict[str | None, attrgetter[Any]] = {
+    kind: attrgetter(kind) for kind in ("string_value", "int_value", "double_value", "bool_value")
+}
 
 
 def any_value(v: AnyValue) -> Any:

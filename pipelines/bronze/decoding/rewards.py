@@ -84,9 +84,9 @@ def reward_rows_from_spans(spans: pa.Table) -> pa.Table:
     """Reward spans (already decoded into `spans` rows) as `rewards` rows."""
     import polars as pl
 
-    df = pl.from_arrow(spans).filter(pl.col("reward_value").is_not_null())
+    df = pl.from_arrow(spans)
     assert isinstance(df, pl.DataFrame)
-    out = df.select(
+    out = df.filter(pl.col("reward_value").is_not_null()).select(
         pl.col("span_id").alias("reward_id"),
         pl.lit("span").alias("source"),
         "tenant",

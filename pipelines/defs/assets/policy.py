@@ -9,7 +9,7 @@ publish latency, eval scores) is numeric so Dagster plots it across versions, pr
 """
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
@@ -50,7 +50,7 @@ def policy(context: AssetExecutionContext, trainer: TrainerResource) -> Material
     results = train_rounds(settings, echo=context.log.info)
     if len(results) == 1 and results[0].agent is None:
         return MaterializeResult(metadata=_round(context, trainer, settings, results[0], t0))
-    meta: dict[str, object] = {"trained": False}
+    meta: dict[str, Any] = {"trained": False}
     for result in results:
         one = _round(context, trainer, settings, result, t0)
         meta["trained"] = bool(meta["trained"] or one["trained"])
@@ -60,7 +60,7 @@ def policy(context: AssetExecutionContext, trainer: TrainerResource) -> Material
 
 def _round(
     context: AssetExecutionContext, trainer: TrainerResource, settings: "Settings", result: "RoundResult", t0: float
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """One line's round as metadata; its new version published when the resource says so."""
     from serving.publish import gated_publisher
 
@@ -68,7 +68,7 @@ def _round(
     if result.version is None:
         context.log.info(f"{line}no new version: {result.reason}")
         return {"trained": False, "reason": result.reason, "n_transitions": result.n_transitions}
-    meta: dict[str, object] = {
+    meta: dict[str, Any] = {
         "trained": True,
         "version": result.version,
         "parent_version": result.parent_version or "-",

@@ -143,8 +143,8 @@ class LlmJudge:
         for i, rows in enumerate(groups):
             if i in hits:
                 out.append([r["reward"] for r in stored[asks[i][0]]])
-            elif i in answers and answers[i].scores is not None:
-                out.append(list(ranks(answers[i].scores)))
+            elif (answer := answers.get(i)) is not None and answer.scores is not None:
+                out.append(list(ranks(answer.scores)))
             else:
                 out.append([None] * len(rows))
         return out
