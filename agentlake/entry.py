@@ -31,6 +31,8 @@ _STACK_MODULES = frozenset(
         "duckdb",
         "deltalake",
         "polars",
+        "pyarrow",
+        "numpy",
         "starlette",
         "uvicorn",
         "grpc",

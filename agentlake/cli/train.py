@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import time
-from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast, get_args
 
 import typer
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
+from schemas.config.training import Parallel as ParallelMode
 
 if TYPE_CHECKING:
     from schemas.config import Settings
     from trainer.round import RoundResult
 
 
-class Parallel(StrEnum):
-    """`agentlake train --parallel`: the values of ``trainer.parallel``."""
+def _parallel_mode(value: str | None) -> str | None:
+    if value is not None and value not in get_args(ParallelMode):
+        raise typer.BadParameter(f"expected one of {', '.join(get_args(ParallelMode))}")
+    return value
 
-    ddp = "ddp"
-    fsdp = "fsdp"
 
-
+# `agentlake train --parallel` takes the values of ``trainer.parallel``, spelled once in its settings type.
 ParallelOption = typer.Option(
-    None, "--parallel", help="With --nproc: ddp (a full model per process) or fsdp (sharded; default trainer.parallel)."
+    None,
+    "--parallel",
+    callback=_parallel_mode,
+    help="With --nproc: ddp (a full model per process) or fsdp (sharded; default trainer.parallel).",
 )
 
 
@@ -46,7 +49,7 @@ def train(
     nproc: int | None = typer.Option(
         None, "--nproc", min=1, help="Train data-parallel in N processes (torchrun; default trainer.nproc)."
     ),
-    parallel: Parallel | None = ParallelOption,
+    parallel: str | None = ParallelOption,
     config: str | None = ConfigOption,
 ) -> None:
     """Train a new policy version on the transitions no earlier version trained on (each once).
@@ -72,7 +75,7 @@ def train(
         for result in train_rounds(
             settings,
             nproc=nproc,
-            parallel=parallel.value if parallel else None,
+            parallel=cast("ParallelMode | None", parallel),  # _parallel_mode checked it
             force=force,
             overrides=overrides,
             echo=_echo,

@@ -24,7 +24,18 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "dagster", "duckdb", "deltalake", "polars", "kafka", "confluent_kafka", "transformers", "typer")
+HEAVY = (
+    "torch",
+    "dagster",
+    "duckdb",
+    "deltalake",
+    "polars",
+    "pyarrow",
+    "kafka",
+    "confluent_kafka",
+    "transformers",
+    "typer",
+)
 
 AGENT = """
 import importlib.util, sys

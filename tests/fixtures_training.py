@@ -1,5 +1,6 @@
-"""Serving fixtures: a temporary lake, a stand-in vLLM, and (for tests that train versions to publish) the
-trainer's tiny model, whose torch import waits until a test asks for it."""
+"""Fixtures of the trainer's and serving's tests (loaded through ``pytest_plugins``): a tiny random Llama
+folder built once per session (torch loads only when a test asks for it), a temporary lake folder, and a
+stand-in vLLM server."""
 
 from __future__ import annotations
 
