@@ -9,6 +9,7 @@ install instead of failing with a traceback.
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -128,3 +129,89 @@ def test_base_install_runs_init_without_the_stack(tmp_path: Path, otlp_endpoint:
     assert cli.returncode == 3, cli.stdout + cli.stderr
     assert "pip install 'agentlake[stack]'" in cli.stderr
     assert "Traceback" not in cli.stderr
+
+
+LOADER = """
+import importlib.util, json, sys
+from pathlib import Path
+
+from schemas.config import load_settings
+from serving.loader import Loader
+
+tmp, url, command = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+settings = load_settings(environ={}, discover=False, overrides={
+    "state": {"dir": str(tmp / "state")}, "lake": {"root": str(tmp / "lake")}, "model": {"cache_dir": str(tmp / "m")}})
+ack = Loader.from_settings(settings, replica="r1", vllm_url=url).handle(command)
+absent = ("torch", "transformers", "peft", "dagster", "duckdb", "deltalake", "polars")
+installed = [m for m in absent if importlib.util.find_spec(m) is not None]
+print(json.dumps({"ack": ack, "installed": installed}, default=str))
+"""
+
+
+@pytest.mark.timeout(900)
+def test_serving_extra_runs_a_replicas_loader_without_torch(tmp_path: Path) -> None:
+    """`pip install 'agentlake[serving]'` on a replica host: `agentlake loader` is there, and a loader carries out
+    a release (fetch, verify, hot-load into a stand-in vLLM) with no torch, Dagster or lake engine installed."""
+    from schemas.config import load_settings
+    from schemas.lake import Lake
+    from serving.releases import release_command
+    from tests.serving.helpers import register_stored, running_fake_vllm
+    from trainer.registry import Registry
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    source = _copy_source(tmp_path / "src")
+    install = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-q",
+            f"{source}[serving]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=env,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    cli = subprocess.run(
+        [str(venv / "bin" / "agentlake"), "loader", "--help"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert cli.returncode == 0 and "--replica" in cli.stdout, cli.stdout + cli.stderr
+
+    # The version is stored and registered from this (full) environment, as the trainer would.
+    adapter = tmp_path / "lake" / "models" / "v0001"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    settings = load_settings(
+        environ={},
+        discover=False,
+        overrides={
+            "state": {"dir": str(tmp_path / "state")},
+            "lake": {"root": str(tmp_path / "lake")},
+            "model": {"cache_dir": str(tmp_path / "m")},
+        },
+    )
+    registry = Registry(Lake.from_settings(settings))
+    row = registry.get(register_stored(registry, adapter, 1))
+    command = release_command(row, served_name="agentlake-policy", targets=["r1"])
+    with running_fake_vllm() as vllm:
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", LOADER, str(tmp_path), vllm.url, json.dumps(command, default=str)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=env,
+        )
+        loads = vllm.loads()
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["installed"] == [], out
+    assert [Path(p).name for p in loads] == ["v0001"], loads  # fetched, verified against its hash, hot-loaded
+    assert out["ack"]["replica"] == "r1" and out["ack"]["version"] == "v0001", out
