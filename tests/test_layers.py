@@ -91,3 +91,34 @@ def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path: Path) -> None:
         }
     finally:
         REPO = saved
+
+
+# The pipelines' rooms stack the same way, in the order data flows: bronze reads Kafka, silver reads bronze's
+# tables, gold reads silver's; the lake operations act on all of them, and the Dagster wiring (defs) on everything.
+# Modules at the top of pipelines/ (keys, steps, errors) are shared by every room.
+ROOMS = ["bronze", "silver", "gold", "lake", "defs"]
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "pipelines" and parts[1] in ROOMS else None
+
+
+def test_pipelines_rooms_import_only_rooms_upstream_of_them() -> None:
+    wrong = []
+    for room in ROOMS:
+        for path in (REPO / "pipelines" / room).rglob("*.py"):
+            for imported in _imports(path):
+                other = _room(imported)
+                if other is not None and ROOMS.index(other) > ROOMS.index(room):
+                    wrong.append(f"{path.relative_to(REPO)} imports {imported}")
+    assert not wrong, "pipelines rooms importing downstream:\n" + "\n".join(sorted(wrong))
+
+
+def test_shared_pipelines_modules_import_no_room() -> None:
+    """keys, steps and errors sit under every room: none of them may import one (the package's __init__,
+    which names the Dagster definitions, excepted)."""
+    shared = [p for p in (REPO / "pipelines").glob("*.py") if p.name != "__init__.py"]
+    assert shared
+    wrong = [f"{p.relative_to(REPO)} imports {m}" for p in shared for m in _imports(p) if _room(m) is not None]
+    assert not wrong, "\n".join(wrong)
