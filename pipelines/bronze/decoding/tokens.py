@@ -8,7 +8,7 @@ checked by ``schemas.span_checks``' rules, the collector's, so a record is refus
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,23 +62,29 @@ def _as_items(v: Any) -> Any:
     return v.tolist() if isinstance(v, np.ndarray) else v
 
 
-def token_ids(v: Any, key: str) -> np.ndarray | PackedArray | None:
-    """Token ids of attribute ``key`` as int32; refused (``ValueError``) by ``span_checks.token_ids_problem``."""
+def _checked(v: Any, key: str, problem: Callable[[Any], str | None]) -> Any:  # noqa: ANN401 - a list or packed
+    """``v`` as items (a packed array as it is), or a ``ValueError`` naming ``key`` and what ``problem`` found."""
     if v is None or v.__class__ is PackedArray:
         return v
     items = _as_items(v)
-    if (why := span_checks.token_ids_problem(items)) is not None:
+    if (why := problem(items)) is not None:
         raise ValueError(f"attributes[{key}]: {why}")
+    return items
+
+
+def token_ids(v: Any, key: str) -> np.ndarray | PackedArray | None:
+    """Token ids of attribute ``key`` as int32; refused (``ValueError``) by ``span_checks.token_ids_problem``."""
+    items = _checked(v, key, span_checks.token_ids_problem)
+    if items is None or items.__class__ is PackedArray:
+        return items
     return np.asarray(items, np.int32)
 
 
 def logprobs(v: Any, key: str) -> np.ndarray | PackedArray | None:
     """Logprobs of attribute ``key`` as float32; refused (``ValueError``) by ``span_checks.logprobs_problem``."""
-    if v is None or v.__class__ is PackedArray:
-        return v
-    items = _as_items(v)
-    if (why := span_checks.logprobs_problem(items)) is not None:
-        raise ValueError(f"attributes[{key}]: {why}")
+    items = _checked(v, key, span_checks.logprobs_problem)
+    if items is None or items.__class__ is PackedArray:
+        return items
     return np.asarray(items, np.float64).astype(np.float32)
 
 
