@@ -102,6 +102,17 @@ def test_the_default_system_prompt_comes_as_in_the_models_own(tok: Any) -> None:
     )
 
 
+def test_content_parts_render_as_vllm_joins_them(tok: Any) -> None:  # noqa: ANN401
+    """OpenAI content parts (what vLLM hands a template it reads as "openai" format): texts joined by newlines."""
+    parts = [
+        {"type": "text", "text": "a"},
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "text", "text": "b"},
+    ]
+    as_parts = render(tok, [{"role": "user", "content": parts}, {"role": "tool", "content": parts}])
+    assert as_parts == render(tok, [{"role": "user", "content": "a\nb"}, {"role": "tool", "content": "a\nb"}])
+
+
 # --- tools, tool calls, tool results ----------------------------------------------------------------------------
 def tools_listed(rendered: str) -> list[Any]:
     block = re.search(r"<tools>\n(.*?)\n</tools>", rendered, re.DOTALL)
