@@ -61,6 +61,7 @@ class TrainConfig:
     # model
     base_model: str = _default(ModelSettings, "base")  # a name under model_dir, or a Hugging Face folder
     model_dir: str = str(_default(ModelSettings, "cache_dir"))
+    chat_template: str = ""  # a Jinja file in place of the base model folder's own template (model.chat_template)
     served_name: str = _default(ModelSettings, "served_name")
     finetune: Finetune = _trainer("finetune")
     lora_rank: int = _trainer("lora_rank")
@@ -168,6 +169,7 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         table=t.table,
         base_model=settings.model.base,
         model_dir=str(settings.model.cache_dir),
+        chat_template=str(settings.model.chat_template or ""),
         served_name=settings.model.served_name,
         finetune=t.finetune,
         lora_rank=t.lora_rank,

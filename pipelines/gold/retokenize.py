@@ -39,13 +39,16 @@ def _ids(encoded: Any) -> list[int]:
 
 
 class Retokenizer:
-    """Wraps a Hugging Face tokenizer folder (the policy's) and its chat template."""
+    """Wraps a Hugging Face tokenizer folder (the policy's) and its chat template: the folder's own, or
+    ``chat_template`` (a Jinja file, ``model.chat_template``) in its place, as vLLM and the trainer use."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, chat_template: str = "") -> None:
         from transformers import AutoTokenizer
 
+        from trainer.chat_template import apply
+
         self.path = path
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = apply(AutoTokenizer.from_pretrained(path), chat_template)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer in {path} has no chat template; the policy's template is required")
 
@@ -71,9 +74,9 @@ class Retokenizer:
 
 
 @lru_cache(maxsize=4)
-def load(path: str) -> Retokenizer:
-    """One tokenizer per process and path: loading it is the slow part."""
-    return Retokenizer(path)
+def load(path: str, chat_template: str = "") -> Retokenizer:
+    """One tokenizer per process, path and template: loading it is the slow part."""
+    return Retokenizer(path, chat_template)
 
 
 def tokenizer_dir(settings: Settings) -> str:
@@ -86,7 +89,12 @@ def tokenizer_dir(settings: Settings) -> str:
     return str(found) if found is not None else str(settings.model.cache_dir / base)
 
 
+def chat_template_file(settings: Settings) -> str:
+    """``model.chat_template`` as the retokenizer takes it ("": the tokenizer folder's own template)."""
+    return str(settings.model.chat_template) if settings.model.chat_template is not None else ""
+
+
 def policy_retokenizer(settings: Settings) -> Callable[[], Retokenizer | None]:
     """Loads the policy's tokenizer when first called (None when the folder does not exist yet)."""
-    path = tokenizer_dir(settings)
-    return lambda: load(path) if os.path.isdir(path) else None
+    path, template = tokenizer_dir(settings), chat_template_file(settings)
+    return lambda: load(path, template) if os.path.isdir(path) else None

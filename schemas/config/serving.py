@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from schemas.config.base import Section
 
 # A trained agent's name (trainer.agents): it is matched exactly and becomes part of a served model name.
 AGENT_LINE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+# A vLLM tool parser's name (`--tool-call-parser`: hermes, llama3_json, mistral, granite-20b-fc, ...).
+TOOL_PARSER_PATTERN = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
 def policy_served_name(served_name: str, agent: str | None) -> str:
@@ -27,6 +30,24 @@ class ModelSettings(Section):
     # vLLM serves the bare base model as `base_served_name`, so the two never shadow each other.
     served_name: str = "agentlake-policy"
     base_served_name: str = "agentlake-base"
+    # The chat template (a Jinja file) the trainer, the retokenizer and vLLM all render with. None: the model
+    # folder's own; the shipped base model's folder carries ours, which renders tools and tool calls for
+    # vLLM's `hermes` parser (trainer/templates). Set it for a model whose own template lacks them.
+    chat_template: Path | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file(cls, v: Path | None) -> Path | None:
+        if v is None or str(v).strip() in ("", "."):
+            return None
+        path = v.expanduser()
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            raise ValueError(
+                f"{path} {what}: give the path of a Jinja chat template file, or leave model.chat_template "
+                "out to use the model folder's own template"
+            )
+        return path.absolute()
 
 
 class VllmSettings(Section):
@@ -38,6 +59,25 @@ class VllmSettings(Section):
     max_model_len: int = Field(2048, ge=64)
     max_lora_rank: int = Field(16, ge=1)
     startup_timeout_s: float = Field(600.0, gt=0)
+    # The tool parser vLLM reads tool calls with (`--enable-auto-tool-choice --tool-call-parser <it>`), so that
+    # requests with `tools` and `tool_choice: "auto"` are served. None: the one matching the shipped model's
+    # template ("hermes") when model.base is the shipped model, none for a model of your own; "": off.
+    # It must read the format the chat template (model.chat_template) renders tool calls in.
+    tool_call_parser: str | None = None
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _parser_name(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip()
+        if v and not TOOL_PARSER_PATTERN.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a vLLM tool parser name (such as hermes, llama3_json, mistral, pythonic): "
+                'name one of vLLM\'s, or "" to serve without tool calling'
+            )
+        return v
+
     # How a full-weight version is served where no CLI manages this vLLM (the `policy` asset in Dagster):
     # argv run with "{folder}" replaced by the version's local folder; it must return once vLLM restarts on
     # it (serving.restart). Empty: only `agentlake model publish`, which restarts the local vLLM, can.

@@ -72,6 +72,32 @@ def test_messages_only_calls_are_retokenized_and_flagged(tokenizer_dir: Path) ->
     assert out.table.num_rows == 1 and out.dropped == {"no_tokens_no_tokenizer": 1}
 
 
+def test_model_chat_template_replaces_the_folders_own(tokenizer_dir: Path, tmp_path: Path) -> None:
+    """model.chat_template reaches the retokenizer (the policy's, and the Dagster resource's) as it reaches vLLM."""
+    from pipelines.defs.resources import TokenizerResource
+    from pipelines.gold.retokenize import policy_retokenizer
+    from schemas.config import load_settings
+
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }} <eos> {% endfor %}")
+    msgs = '[{"role": "user", "content": "what is 2+2"}]'
+    ids = {w: i for i, w in enumerate(WORDS)}
+    assert Retokenizer(str(tokenizer_dir)).encode(msgs, '[{"role": "assistant", "content": "4"}]') == (
+        [ids[w] for w in ["<user>", "what", "is", "2+2", "<eos>", "<assistant>"]],
+        [ids["4"], ids["<eos>"]],
+    )
+    settings = load_settings(
+        environ={}, overrides={"model": {"base": str(tokenizer_dir), "chat_template": str(template)}}
+    )
+    loaded = policy_retokenizer(settings)()
+    assert loaded is not None and loaded.tokenizer.chat_template == template.read_text()
+    resource = TokenizerResource(path=str(tokenizer_dir), chat_template=str(template)).retokenizer()
+    assert resource is not None and resource.encode(msgs, '[{"role": "assistant", "content": "4"}]') == (
+        [ids[w] for w in ["what", "is", "2+2", "<eos>"]],
+        [ids["4"], ids["<eos>"]],
+    )
+
+
 def test_merge_agent_filter_and_drop_counts() -> None:
     calls = [
         Call(prompt=[1, 2], response=[3], logprobs=[-0.5], agent="solver"),

@@ -114,3 +114,21 @@ def test_the_eval_gate_runs_on_a_canary_that_is_one_of_the_replicas() -> None:
         load_settings(environ={}, overrides={"serving": {"replicas": ["a", "b"], "canary": "c"}})
     with pytest.raises(ConfigError, match=r"serving.canary 'a' is not one of serving.replicas \[\]"):
         load_settings(environ={}, overrides={"serving": {"canary": "a"}})
+
+
+def test_the_chat_template_and_the_tool_parser_are_checked_when_settings_load(tmp_path: Path) -> None:
+    defaults = load_settings(environ={})
+    assert defaults.model.chat_template is None and defaults.vllm.tool_call_parser is None  # the model's own
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    given = load_settings(
+        environ={"AGENTLAKE_MODEL__CHAT_TEMPLATE": str(template), "AGENTLAKE_VLLM__TOOL_CALL_PARSER": ""}
+    )
+    assert given.model.chat_template == template and given.vllm.tool_call_parser == ""
+    assert load_settings(environ={}, overrides={"model": {"chat_template": ""}}).model.chat_template is None
+    with pytest.raises(ConfigError, match=r"model.chat_template[\s\S]*does not exist: give the path of a Jinja"):
+        load_settings(environ={}, overrides={"model": {"chat_template": str(tmp_path / "nope.jinja")}})
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_settings(environ={}, overrides={"model": {"chat_template": str(tmp_path)}})
+    with pytest.raises(ConfigError, match=r"vllm.tool_call_parser[\s\S]*not a vLLM tool parser name"):
+        load_settings(environ={}, overrides={"vllm": {"tool_call_parser": "--enable-auto-tool-choice"}})

@@ -30,6 +30,42 @@ def test_argv_enables_runtime_lora_and_honours_extra_args(tmp_path: Path) -> Non
     assert vllm.vllm_env(gpu=False)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_argv_serves_tool_calls_with_the_parser_of_the_models_template(tmp_path: Path) -> None:
+    """The shipped model: hermes (its folder carries our template, so no --chat-template); a model of your own:
+    none unless named; "" turns it off; extra_args win; model.chat_template goes to --chat-template."""
+    venv = {"venv": str(tmp_path / "v")}
+    shipped = vllm.vllm_argv(load_settings(environ={}, overrides={"vllm": venv}), tmp_path / "m", port=1, gpu=False)
+    assert _flag(shipped, "--tool-call-parser") == "hermes" and "--enable-auto-tool-choice" in shipped
+    assert "--chat-template" not in shipped
+
+    own = load_settings(environ={}, overrides={"vllm": venv, "model": {"base": str(tmp_path / "my-model")}})
+    argv = vllm.vllm_argv(own, tmp_path / "m", port=1, gpu=False)
+    assert "--tool-call-parser" not in argv and "--enable-auto-tool-choice" not in argv
+    template = tmp_path / "tools.jinja"
+    template.write_text("{{ messages }}")
+    own.vllm.tool_call_parser = "llama3_json"
+    own.model.chat_template = template
+    argv = vllm.vllm_argv(own, tmp_path / "m", port=1, gpu=False)
+    assert _flag(argv, "--tool-call-parser") == "llama3_json" and "--enable-auto-tool-choice" in argv
+    assert _flag(argv, "--chat-template") == str(template)
+
+    off = load_settings(environ={}, overrides={"vllm": {**venv, "tool_call_parser": ""}})
+    argv = vllm.vllm_argv(off, tmp_path / "m", port=1, gpu=False)
+    assert "--tool-call-parser" not in argv and "--enable-auto-tool-choice" not in argv
+
+    by_hand = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--chat-template=/t.jinja"]
+    mine = load_settings(
+        environ={}, overrides={"vllm": {**venv, "extra_args": by_hand}, "model": {"chat_template": str(template)}}
+    )
+    argv = vllm.vllm_argv(mine, tmp_path / "m", port=1, gpu=False)
+    assert argv.count("--tool-call-parser") == 1 and argv.count("--enable-auto-tool-choice") == 1
+    assert _flag(argv, "--tool-call-parser") == "pythonic" and "--chat-template" not in argv
+
+
 def test_a_stamped_venv_is_reused_without_installing(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
