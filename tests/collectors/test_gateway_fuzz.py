@@ -232,6 +232,8 @@ def test_still_serving_after_the_fuzz(stack: tuple[str, GatewayServer, MemorySin
     r = httpx.post(f"{base}/v1/chat/completions", json=call, headers={"authorization": "Bearer tok-acme"}, timeout=30)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     wait_until(lambda: server.gateway.in_flight == 0, 10, "no call in flight")
+    # spans are written in the background after the answer: wait for those writes, then for the spill
+    wait_until(lambda: not server.gateway.recorder.pending, 20, "the calls' spans handed to the spill")
     wait_until(lambda: server.spill.records == 0, 20, "the spill emptied into the sink")
     assert server.gateway.recorder.record_failures == 0 and server.spill.dropped == 0
     assert len(sink.records) >= server.gateway.recorder.recorded_spans > 0
