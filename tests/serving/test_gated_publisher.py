@@ -64,6 +64,7 @@ def test_a_bad_tasks_file_or_restart_command_is_refused_before_anything_is_loade
         gated_publisher(_settings(tmp_path, vllm={"restart_command": ["systemctl", "restart", "vllm"]}))
 
 
+@pytest.mark.slow  # a Dagster run of the policy asset that trains a round (about 30 s on 2 cores)
 def test_the_policy_asset_publishes_through_it(
     lake: Path, tiny_model_dir: Path, vllm: FakeVllm, tmp_path: Path
 ) -> None:
