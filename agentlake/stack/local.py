@@ -7,9 +7,9 @@ Children get absolute paths and the broker address through the environment, so t
 the same settings as the parent.
 
 Every other tool finds the running stack by itself: `up` writes the live addresses (broker,
-lake, collector, gateway, vLLM, Dagster) with the pid of each process to ``<state>/stack.json``,
-which settings loading falls back to (agentlake.stack.discovery); `down` removes it. The
-local broker keeps its port across `down` and `up` (``<state>/broker.port``, reused while free),
+lake, collector, gateway, vLLM, Dagster) with the pid of each process to ``<state>/stack.json``
+(``agentlake.stack.discovery``), which settings loading falls back to (``schemas.config.stack_file``);
+`down` removes it. The local broker keeps its port across `down` and `up` (``<state>/broker.port``, reused while free),
 so a client that holds the address still reaches it.
 
 The broker is durable by default (``kafka.local_broker_storage = "durable"``): Tansu keeps its log in

@@ -65,6 +65,32 @@ def _copy_source(dest: Path) -> Path:
     return dest
 
 
+def _fresh_install(tmp_path: Path, extras: str = "") -> tuple[Path, dict[str, str]]:
+    """A new venv holding the package built from a copy of this checkout (``extras`` e.g. "[serving]"), and the
+    environment to run it in (its own, with none of this process's paths)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    source = _copy_source(tmp_path / "src")
+    install = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-q",
+            f"{source}{extras}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=env,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return venv, env
+
+
 class _Traces(http.server.BaseHTTPRequestHandler):
     received: list[bytes] = []
 
@@ -96,18 +122,8 @@ def otlp_endpoint() -> Iterator[str]:
 
 @pytest.mark.timeout(900)
 def test_base_install_runs_init_without_the_stack(tmp_path: Path, otlp_endpoint: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # the venv's own, only
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    venv, env = _fresh_install(tmp_path)
     python = venv / "bin" / "python"
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", str(_copy_source(tmp_path / "src"))],
-        capture_output=True,
-        text=True,
-        timeout=800,
-        env=env,
-    )
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
 
     agent = subprocess.run(
         [str(python), "-c", AGENT, otlp_endpoint, *HEAVY],
@@ -158,26 +174,7 @@ def test_serving_extra_runs_a_replicas_loader_without_torch(tmp_path: Path) -> N
     from tests.serving.helpers import register_stored, running_fake_vllm
     from trainer.registry import Registry
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    source = _copy_source(tmp_path / "src")
-    install = subprocess.run(
-        [
-            str(venv / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "-q",
-            f"{source}[serving]",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=800,
-        env=env,
-    )
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    venv, env = _fresh_install(tmp_path, "[serving]")
     cli = subprocess.run(
         [str(venv / "bin" / "agentlake"), "loader", "--help"], capture_output=True, text=True, timeout=60, env=env
     )
