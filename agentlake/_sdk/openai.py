@@ -106,15 +106,39 @@ def _finish(span: trace.Span, result: Any, chat: bool, asked_lp: bool, started: 
             span.set_attribute(A.LLM_COMPLETION_LOGPROBS, lps)
         if _get(first, "finish_reason"):
             span.set_attribute(A.GEN_AI_RESPONSE_FINISH_REASONS, [str(_get(first, "finish_reason"))])
-        message = _get(first, "message")
-        out = {"role": "assistant", "content": _get(message, "content") if chat else _get(first, "text")}
-        span.set_attribute(A.GEN_AI_OUTPUT_MESSAGES, json.dumps([out]))
+        span.set_attribute(A.GEN_AI_OUTPUT_MESSAGES, json.dumps([_output_message(first, chat)]))
         if not asked_lp:
             for c in choices:
                 if hasattr(c, "logprobs"):
                     c.logprobs = None
     if prompt_ids:
         span.set_attribute(A.LLM_PROMPT_TOKEN_IDS, [int(x) for x in prompt_ids])
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """One of the reply's ``tool_calls`` in OpenAI chat format (the lake's message shape)."""
+    function = _get(call, "function")
+    return {
+        "id": _get(call, "id"),
+        "type": "function",
+        "function": {"name": _get(function, "name"), "arguments": _get(function, "arguments")},
+    }
+
+
+def _output_message(choice: Any, chat: bool) -> dict[str, Any]:
+    """The reply as one assistant message: its text, and its tool calls and reasoning where it has them
+    (a tool-calling turn's text is often null; without its calls the record would be an empty turn)."""
+    if not chat:
+        return {"role": "assistant", "content": _get(choice, "text")}
+    message = _get(choice, "message")
+    out: dict[str, Any] = {"role": "assistant", "content": _get(message, "content")}
+    calls = _get(message, "tool_calls")
+    if calls:
+        out["tool_calls"] = [_tool_call(c) for c in calls]
+    reasoning = _get(message, "reasoning_content") or _get(message, "reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        out["reasoning_content"] = reasoning
+    return out
 
 
 def _start(kwargs: dict[str, Any], chat: bool) -> trace.Span:
@@ -126,6 +150,8 @@ def _start(kwargs: dict[str, Any], chat: bool) -> trace.Span:
     inputs = kwargs.get("messages") if chat else kwargs.get("prompt")
     try:
         span.set_attribute(A.GEN_AI_INPUT_MESSAGES, json.dumps(inputs, default=str))
+        if chat and kwargs.get("tools"):
+            span.set_attribute(A.GEN_AI_TOOL_DEFINITIONS, json.dumps(kwargs["tools"], default=str))
     except (TypeError, ValueError):
         pass
     return span
@@ -144,6 +170,7 @@ class _StreamRecorder:
         self.span, self.chat, self.started = span, chat, started
         self.meta: dict[str, Any] = {"choices": [{"token_ids": [], "logprobs": None, "text": []}]}
         self.lps: list[float] = []
+        self.calls: dict[int, dict[str, Any]] = {}  # tool calls by their index in the stream
         self.done = False
 
     def add(self, chunk: Any) -> None:
@@ -158,8 +185,20 @@ class _StreamRecorder:
             piece = _get(_get(c, "delta"), "content") if self.chat else _get(c, "text")
             if piece:
                 self.meta["choices"][0]["text"].append(piece)
+            for delta in (_get(_get(c, "delta"), "tool_calls") or []) if self.chat else []:
+                self._add_call_delta(delta)
             if _get(c, "finish_reason"):
                 self.meta["choices"][0]["finish_reason"] = _get(c, "finish_reason")
+
+    def _add_call_delta(self, delta: Any) -> None:
+        """A streamed tool call arrives in pieces: the id and name once, the arguments in fragments."""
+        call = self.calls.setdefault(int(_get(delta, "index") or 0), {"id": None, "name": None, "arguments": []})
+        function = _get(delta, "function")
+        for key, value in (("id", _get(delta, "id")), ("name", _get(function, "name"))):
+            if value and call[key] is None:
+                call[key] = value
+        if _get(function, "arguments"):
+            call["arguments"].append(_get(function, "arguments"))
 
     def end(self, error: BaseException | None = None) -> None:
         if self.done:
@@ -167,7 +206,12 @@ class _StreamRecorder:
         self.done = True
         first = self.meta["choices"][0]
         text = "".join(first.pop("text"))
-        first["message"] = {"content": text}
+        first["message"] = {"content": text or None if self.calls else text}
+        if self.calls:
+            first["message"]["tool_calls"] = [
+                {"id": c["id"], "function": {"name": c["name"], "arguments": "".join(c["arguments"])}}
+                for _, c in sorted(self.calls.items())
+            ]
         first["text"] = text
         first["logprobs"] = {"content": [{"logprob": x} for x in self.lps], "token_logprobs": self.lps}
         _finish(self.span, self.meta, self.chat, True, self.started)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 from collections.abc import Iterator
 
 import httpx
@@ -216,3 +217,61 @@ def test_end_to_end_into_kafka(settings: Settings) -> None:
     (late,) = read_topic(settings.kafka, settings.kafka.rewards_topic, expect=1)
     event = json.loads(late.value)
     assert event["rollout_id"] == "roll-e2e" and event["value"] == 1.0 and headers_of(late)["agentlake-tenant"]
+
+
+_CALC_TOOL = {
+    "type": "function",
+    "function": {"name": "calc", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}},
+}
+_CALLS = [("call_a", "calc", '{"expr": "41*86"}'), ("call_b", "calc", "not json {")]
+
+
+def _tool_calling_model(request: httpx.Request) -> httpx.Response:
+    """A scripted model whose reply is two tool calls (the second's arguments not JSON), streamed in fragments."""
+    body = json.loads(request.content)
+    if not body.get("stream"):
+        calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in _CALLS]
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls", "token_ids": [8, 9]}
+        return httpx.Response(
+            200,
+            json={"id": "c1", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]},
+        )
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": None}]
+    for index, (call_id, name, arguments) in enumerate(_CALLS):
+        deltas.append({"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": {"name": name}}]})
+        for piece in (arguments[:3], arguments[3:]):
+            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    chunks = [
+        {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": d}]}
+        for d in deltas
+    ]
+    chunks[-1]["choices"][0]["finish_reason"] = "tool_calls"
+    text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
+
+
+def test_openai_client_records_tool_calls_and_tools_streamed_or_not(spans: InMemorySpanExporter) -> None:
+    client = openai.OpenAI(
+        base_url="http://vllm.local/v1",
+        api_key="x",
+        http_client=httpx.Client(transport=httpx.MockTransport(_tool_calling_model)),
+    )
+    ask = {"model": "m", "messages": [{"role": "user", "content": "41*86?"}], "tools": [_CALC_TOOL]}
+    client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    for _ in client.chat.completions.create(**ask, stream=True):  # type: ignore[call-overload]
+        pass
+    calls = [s for s in spans.get_finished_spans() if s.name == A.LLM_CALL_SPAN_NAME]
+    assert len(calls) == 2
+    expected = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in _CALLS
+            ],
+        }
+    ]
+    for span in calls:  # the streamed call is recorded as the same call without streaming
+        assert json.loads(span.attributes[A.GEN_AI_OUTPUT_MESSAGES]) == expected
+        assert json.loads(span.attributes[A.GEN_AI_TOOL_DEFINITIONS]) == [_CALC_TOOL]
