@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -243,7 +243,13 @@ def _tool_calling_model(request: httpx.Request) -> httpx.Response:
         for piece in (arguments[:3], arguments[3:]):
             deltas.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
     chunks = [
-        {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": d}]}
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": d}],
+        }
         for d in deltas
     ]
     chunks[-1]["choices"][0]["finish_reason"] = "tool_calls"
