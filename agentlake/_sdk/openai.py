@@ -24,6 +24,7 @@ from opentelemetry.propagate import inject
 
 from agentlake._sdk.tracing import TRACER_NAME, rollout_headers, tracer_provider
 from schemas import attributes as A
+from schemas.chat_messages import StreamedReply, reply_message
 
 _PATCHED = "__agentlake_patched__"
 
@@ -115,30 +116,19 @@ def _finish(span: trace.Span, result: Any, chat: bool, asked_lp: bool, started: 
         span.set_attribute(A.LLM_PROMPT_TOKEN_IDS, [int(x) for x in prompt_ids])
 
 
-def _tool_call(call: Any) -> dict[str, Any]:
-    """One of the reply's ``tool_calls`` in OpenAI chat format (the lake's message shape)."""
-    function = _get(call, "function")
-    return {
-        "id": _get(call, "id"),
-        "type": "function",
-        "function": {"name": _get(function, "name"), "arguments": _get(function, "arguments")},
-    }
+def _as_dict(obj: Any) -> dict[str, Any] | None:
+    """An OpenAI response object (pydantic, extra fields included) or a dict, as a dict."""
+    if obj is None or isinstance(obj, dict):
+        return obj
+    dump = getattr(obj, "model_dump", None)
+    return dump() if callable(dump) else None
 
 
 def _output_message(choice: Any, chat: bool) -> dict[str, Any]:
-    """The reply as one assistant message: its text, and its tool calls and reasoning where it has them
-    (a tool-calling turn's text is often null; without its calls the record would be an empty turn)."""
+    """The reply as one assistant message in the lake's shape (`schemas.chat_messages`)."""
     if not chat:
-        return {"role": "assistant", "content": _get(choice, "text")}
-    message = _get(choice, "message")
-    out: dict[str, Any] = {"role": "assistant", "content": _get(message, "content")}
-    calls = _get(message, "tool_calls")
-    if calls:
-        out["tool_calls"] = [_tool_call(c) for c in calls]
-    reasoning = _get(message, "reasoning_content") or _get(message, "reasoning")
-    if isinstance(reasoning, str) and reasoning:
-        out["reasoning_content"] = reasoning
-    return out
+        return reply_message(None, text=_get(choice, "text"))
+    return reply_message(_as_dict(_get(choice, "message")) or {})
 
 
 def _start(kwargs: dict[str, Any], chat: bool) -> trace.Span:
@@ -170,7 +160,7 @@ class _StreamRecorder:
         self.span, self.chat, self.started = span, chat, started
         self.meta: dict[str, Any] = {"choices": [{"token_ids": [], "logprobs": None, "text": []}]}
         self.lps: list[float] = []
-        self.calls: dict[int, dict[str, Any]] = {}  # tool calls by their index in the stream
+        self.reply = StreamedReply()
         self.done = False
 
     def add(self, chunk: Any) -> None:
@@ -182,36 +172,20 @@ class _StreamRecorder:
                 continue
             self.meta["choices"][0]["token_ids"].extend(_get(c, "token_ids") or [])
             self.lps.extend(_logprobs(c, self.chat) or [])
-            piece = _get(_get(c, "delta"), "content") if self.chat else _get(c, "text")
-            if piece:
-                self.meta["choices"][0]["text"].append(piece)
-            for delta in (_get(_get(c, "delta"), "tool_calls") or []) if self.chat else []:
-                self._add_call_delta(delta)
+            if self.chat:
+                self.reply.add(_as_dict(_get(c, "delta")) or {})
+            elif _get(c, "text"):
+                self.meta["choices"][0]["text"].append(_get(c, "text"))
             if _get(c, "finish_reason"):
                 self.meta["choices"][0]["finish_reason"] = _get(c, "finish_reason")
-
-    def _add_call_delta(self, delta: Any) -> None:
-        """A streamed tool call arrives in pieces: the id and name once, the arguments in fragments."""
-        call = self.calls.setdefault(int(_get(delta, "index") or 0), {"id": None, "name": None, "arguments": []})
-        function = _get(delta, "function")
-        for key, value in (("id", _get(delta, "id")), ("name", _get(function, "name"))):
-            if value and call[key] is None:
-                call[key] = value
-        if _get(function, "arguments"):
-            call["arguments"].append(_get(function, "arguments"))
 
     def end(self, error: BaseException | None = None) -> None:
         if self.done:
             return
         self.done = True
         first = self.meta["choices"][0]
-        text = "".join(first.pop("text"))
-        first["message"] = {"content": text or None if self.calls else text}
-        if self.calls:
-            first["message"]["tool_calls"] = [
-                {"id": c["id"], "function": {"name": c["name"], "arguments": "".join(c["arguments"])}}
-                for _, c in sorted(self.calls.items())
-            ]
+        text = "".join(first.pop("text")) if not self.chat else None
+        first["message"] = self.reply.message()
         first["text"] = text
         first["logprobs"] = {"content": [{"logprob": x} for x in self.lps], "token_logprobs": self.lps}
         _finish(self.span, self.meta, self.chat, True, self.started)

@@ -28,6 +28,7 @@ from typing import Any, Literal, NamedTuple
 from collectors.gateway.spans import LlmCall, new_ids, rollout_end_record, span_record
 from collectors.gateway.spill import SpillFull
 from collectors.sink import RecordSink
+from schemas.chat_messages import StreamedReply, reply_message
 from schemas.manifest import ManifestHashes
 
 log = logging.getLogger(__name__)
@@ -140,14 +141,17 @@ class StreamedAnswer:
         for c in chunk.get("choices") or ():
             if not isinstance(c, dict):
                 continue
-            acc = self.choices.setdefault(int(c.get("index", 0)), {"ids": [], "lps": [], "text": [], "prompt": None})
+            acc = self.choices.setdefault(
+                int(c.get("index", 0)), {"ids": [], "lps": [], "text": [], "prompt": None, "reply": StreamedReply()}
+            )
             acc["ids"].extend(c.get("token_ids") or ())
             acc["lps"].extend(choice_logprobs(c, self.kind) or ())
             if isinstance(c.get("prompt_token_ids"), list):
                 acc["prompt"] = c["prompt_token_ids"]
-            piece = (c.get("delta") or {}).get("content") if self.kind == "chat" else c.get("text")
-            if isinstance(piece, str):
-                acc["text"].append(piece)
+            if self.kind == "chat" and isinstance(c.get("delta"), dict):
+                acc["reply"].add(c["delta"])
+            elif isinstance(c.get("text"), str):
+                acc["text"].append(c["text"])
             if c.get("finish_reason"):
                 acc["finish"] = c["finish_reason"]
 
@@ -160,7 +164,7 @@ class StreamedAnswer:
             if acc["prompt"] is not None:
                 choice["prompt_token_ids"] = acc["prompt"]
             if self.kind == "chat":
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"] = acc["reply"].message()
                 choice["logprobs"] = {"content": [{"logprob": x} for x in acc["lps"]]}
             else:
                 choice["text"] = text
@@ -192,6 +196,7 @@ def request_call(
         streamed=bool(body.get("stream")),
         request_model=body.get("model") if isinstance(body.get("model"), str) else None,
         request_messages=body.get("messages") if kind == "chat" else body.get("prompt"),
+        request_tools=body.get("tools") if kind == "chat" and isinstance(body.get("tools"), list) else None,
         ids=ids,
         tenant=tenant,
     )
@@ -205,7 +210,8 @@ def choice_calls(data: dict[str, Any], base: LlmCall, kind: Kind) -> list[LlmCal
     for n, choice in enumerate(choices):
         trace_id, span_id = base.trace_id, base.span_id if n == 0 else new_ids()[1]
         prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
-        output = choice.get("message") if kind == "chat" else {"role": "assistant", "content": choice.get("text")}
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        output = reply_message(message) if kind == "chat" else reply_message(None, text=choice.get("text"))
         index = choice.get("index", n)
         ids = choice.get("token_ids") if isinstance(choice.get("token_ids"), list) else None
         own_usage = usage or {}
@@ -223,6 +229,7 @@ def choice_calls(data: dict[str, Any], base: LlmCall, kind: Kind) -> list[LlmCal
                 streamed=base.streamed,
                 request_model=base.request_model,
                 request_messages=base.request_messages,
+                request_tools=base.request_tools,
                 response_model=data.get("model"),
                 response_id=data.get("id"),
                 prompt_token_ids=prompt if isinstance(prompt, list) else None,

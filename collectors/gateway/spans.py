@@ -74,6 +74,7 @@ class LlmCall:
     streamed: bool = False
     request_model: str | None = None
     request_messages: Any = None
+    request_tools: Any = None  # the request's `tools`: the prompt the model saw renders them
     response_model: str | None = None
     response_id: str | None = None
     adapter: str | None = None
@@ -128,6 +129,7 @@ class LlmCall:
                 [float(x) for x in self.completion_logprobs] if self.completion_logprobs is not None else None
             ),
             A.GEN_AI_INPUT_MESSAGES: json.dumps(self.request_messages) if self.request_messages is not None else None,
+            A.GEN_AI_TOOL_DEFINITIONS: json.dumps(self.request_tools) if self.request_tools else None,
             A.GEN_AI_OUTPUT_MESSAGES: json.dumps([self.output_message]) if self.output_message is not None else None,
             A.GEN_AI_RESPONSE_FINISH_REASONS: [self.finish_reason] if self.finish_reason else None,
             A.GEN_AI_USAGE_INPUT_TOKENS: self.usage.get("prompt_tokens"),

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectors.errors import SinkUnavailable
 from collectors.gateway.recording import (
@@ -164,3 +168,64 @@ def test_the_end_of_a_rollout_raises_what_the_sink_raises() -> None:
     with pytest.raises(SinkUnavailable, match="marked down"):
         asyncio.run(recorder.end_rollout({A.ROLLOUT_ID: "r1"}, "failed", reward=None, reward_name=None, tenant="t"))
     assert recorder.recorded_spans == 0
+
+
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+_call = st.fixed_dictionaries(
+    {
+        "id": st.one_of(st.none(), st.from_regex(r"call_[a-z0-9]{1,8}", fullmatch=True)),
+        "name": st.sampled_from(["calculate", "search", "no_such_tool"]),
+        "arguments": st.one_of(st.just('{"expression": "2 * 3"}'), _text),  # not always JSON: kept as written
+    }
+)
+
+
+@st.composite
+def _streamed_reply(draw: st.DrawFn) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A chat reply (text, reasoning, parallel tool calls) and its deltas, each string cut at random points."""
+    content = draw(st.one_of(st.none(), _text))
+    reasoning = draw(st.one_of(st.none(), _text.filter(bool)))
+    calls = draw(st.lists(_call, max_size=3))
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in calls
+        ]
+    if reasoning:
+        message["reasoning_content"] = reasoning
+
+    def pieces(text: str) -> list[str]:
+        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=3))) if len(text) > 1 else []
+        return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+    deltas: list[dict[str, Any]] = [{"role": "assistant"}]
+    deltas += [{"reasoning_content": p} for p in pieces(reasoning or "")]
+    deltas += [{"content": p} for p in pieces(content or "")]
+    for index, c in enumerate(calls):
+        deltas.append(
+            {"tool_calls": [{"index": index, "id": c["id"], "type": "function", "function": {"name": c["name"]}}]}
+        )
+        deltas += [{"tool_calls": [{"index": index, "function": {"arguments": p}}]} for p in pieces(c["arguments"])]
+    return message, deltas
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "100")), deadline=None)
+@given(_streamed_reply())
+def test_a_streamed_reply_with_tool_calls_is_recorded_as_the_same_call_unstreamed(
+    reply: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    message, deltas = reply
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}
+    base = request_call(body, "chat", parent=None, upstream="u", ids={}, tenant="t")
+    acc = StreamedAnswer("chat")
+    for delta in deltas:
+        acc.add({"id": "c1", "model": "m", "choices": [{"index": 0, "delta": delta, "token_ids": [1]}]})
+    (streamed,) = choice_calls(acc.as_response(), base, "chat")
+    unstreamed_answer = {"id": "c1", "model": "m", "choices": [{"index": 0, "message": message, "token_ids": [1]}]}
+    (unstreamed,) = choice_calls(unstreamed_answer, base, "chat")
+    assert streamed.output_message == unstreamed.output_message
+    # no text: null for a turn that only calls tools, else "" (a stream cannot tell "" from null)
+    expected = {"content": message["content"] or (None if message.get("tool_calls") else "")}
+    assert unstreamed.output_message == {**message, **expected}
+    assert streamed.request_tools == [{"type": "function"}]
