@@ -27,6 +27,7 @@ DEMO_MODULE = "examples.closed_loop"
 
 class DemoAgent(StrEnum):
     math = "math"
+    tools = "tools"
     sql = "sql"
 
 
@@ -35,7 +36,10 @@ class Traffic(StrEnum):
     production = "production"
 
 
-AGENT_HELP = "Which example agent learns: math (calculator tool) or sql (text-to-SQL over a shop database)."
+AGENT_HELP = (
+    "Which example agent learns: math (calculator through a text protocol), tools (the same calculator as a "
+    "native function tool) or sql (text-to-SQL over a shop database)."
+)
 TRAFFIC_HELP = (
     "grouped: each task --samples times, its reward in the trace (GRPO). production: every task once, "
     "rewards posted late by another process, one in five never, a running baseline."

@@ -14,11 +14,15 @@ import sys
 from rich.console import Console
 
 from agentlake.stack import local
+from examples.closed_loop.agents import AGENTS
 from schemas.config import Settings, load_settings
 from schemas.errors import AgentlakeError
 
 console = Console()
-AGENT_HELP = "Which example agent learns: math (calculator tool) or sql (text-to-SQL over a shop database)."
+AGENT_HELP = (
+    "Which example agent learns: math (calculator through a text protocol), tools (the same calculator as a "
+    "native function tool) or sql (text-to-SQL over a shop database)."
+)
 TRAFFIC_HELP = (
     "grouped: each task --samples times, its reward in the trace (GRPO). production: every task once, "
     "rewards posted late by another process, one in five never, a running baseline."
@@ -48,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4, help="LoRA learning rate for the demo's rounds.")
-    p.add_argument("--agent", choices=("math", "sql"), default="math", help=AGENT_HELP)
+    p.add_argument("--agent", choices=tuple(AGENTS), default="math", help=AGENT_HELP)
     p.add_argument("--traffic", choices=("grouped", "production"), default="grouped", help=TRAFFIC_HELP)
     p.add_argument("--config", "-c", default=None, help="Path to agentlake.toml (default: ./agentlake.toml).")
     return p

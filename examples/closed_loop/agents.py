@@ -38,15 +38,20 @@ MATH_KINDS = ("multiply", "buy")
 HELD_OUT_SEED = 10_000  # math training tasks use seeds below 10_000 (seed * 1000 + round)
 
 
+def make_math_tasks(n: int, *, seed: int, prefix: str, kinds: tuple[str, ...]) -> list[Any]:
+    from examples.math_agent.tasks import make_tasks
+
+    return make_tasks(n, seed=seed, prefix=prefix, kinds=kinds)
+
+
 def _math() -> AgentKit:
     from examples.math_agent.agent import AGENT_NAME, run_batch
-    from examples.math_agent.tasks import make_tasks
 
     return AgentKit(
         name=AGENT_NAME,
-        train_tasks=lambda n, seed, prefix: make_tasks(n, seed=seed, prefix=prefix, kinds=MATH_KINDS),
+        train_tasks=lambda n, seed, prefix: make_math_tasks(n, seed=seed, prefix=prefix, kinds=MATH_KINDS),
         # The same held-out set whatever the training seed, so runs are comparable.
-        heldout_tasks=lambda n: make_tasks(n, seed=HELD_OUT_SEED, prefix="heldout", kinds=MATH_KINDS),
+        heldout_tasks=lambda n: make_math_tasks(n, seed=HELD_OUT_SEED, prefix="heldout", kinds=MATH_KINDS),
         run_batch=run_batch,
     )
 
@@ -64,7 +69,18 @@ def _sql() -> AgentKit:
     )
 
 
-AGENTS: dict[str, Callable[[], AgentKit]] = {"math": _math, "sql": _sql}
+def _tools() -> AgentKit:
+    from examples.tool_agents.native import AGENT_NAME, run_batch
+
+    return AgentKit(
+        name=AGENT_NAME,
+        train_tasks=lambda n, seed, prefix: make_math_tasks(n, seed=seed, prefix=prefix, kinds=MATH_KINDS),
+        heldout_tasks=lambda n: make_math_tasks(n, seed=HELD_OUT_SEED, prefix="heldout", kinds=MATH_KINDS),
+        run_batch=run_batch,
+    )
+
+
+AGENTS: dict[str, Callable[[], AgentKit]] = {"math": _math, "sql": _sql, "tools": _tools}
 
 
 def agent_kit(name: str) -> AgentKit:

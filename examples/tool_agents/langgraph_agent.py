@@ -111,7 +111,7 @@ async def run_batch_async(
     chat = ChatOpenAI(
         model=model,
         base_url=f"{base_url.rstrip('/')}/v1",
-        api_key="agentlake",  # type: ignore[arg-type]
+        api_key="agentlake",
         temperature=temperature,
         max_completion_tokens=max_tokens,
         http_async_client=http,
