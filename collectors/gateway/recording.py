@@ -192,6 +192,7 @@ def request_call(
         streamed=bool(body.get("stream")),
         request_model=body.get("model") if isinstance(body.get("model"), str) else None,
         request_messages=body.get("messages") if kind == "chat" else body.get("prompt"),
+        request_tools=body.get("tools") if kind == "chat" else None,
         ids=ids,
         tenant=tenant,
     )
@@ -223,6 +224,7 @@ def choice_calls(data: dict[str, Any], base: LlmCall, kind: Kind) -> list[LlmCal
                 streamed=base.streamed,
                 request_model=base.request_model,
                 request_messages=base.request_messages,
+                request_tools=base.request_tools,
                 response_model=data.get("model"),
                 response_id=data.get("id"),
                 prompt_token_ids=prompt if isinstance(prompt, list) else None,
