@@ -264,7 +264,7 @@ async def test_the_requests_tools_and_tool_history_reach_the_spans_table_in_the_
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "mul", "arguments": "{\"a\": 17}"}}],
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "mul", "arguments": '{"a": 17}'}}],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "408"},
     ]

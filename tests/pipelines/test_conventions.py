@@ -128,10 +128,8 @@ def test_a_real_library_span_decodes_to_the_history_the_client_sent(name: str, m
         check()
 
 
-def test_the_openinference_history_keeps_its_tool_parts() -> None:
+def test_the_openinference_history_keeps_its_tool_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's case: a tool call and its result ("408") decode with tool_calls, tool_call_id and tools."""
-    pytest.importorskip("openinference.instrumentation.openai")
-    monkeypatch = pytest.MonkeyPatch()
     tool = {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}
     sent = [
         {"role": "user", "content": "what is 17 * 24?"},
@@ -146,7 +144,6 @@ def test_the_openinference_history_keeps_its_tool_parts() -> None:
     ]
     with instrumented(LIBRARIES["openinference"], monkeypatch) as client:
         row = decode(client.call(sent, [tool], {"role": "assistant", "content": "408"}))
-    monkeypatch.undo()
     got = json.loads(row["input_messages"])
     assert got[1] == {"role": "assistant", "content": None, "tool_calls": sent[1]["tool_calls"]}
     assert got[2] == {"role": "tool", "tool_call_id": "c1", "content": "408"}
