@@ -8,7 +8,10 @@ shape of what the client sent and received, worked out from the request here, no
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import pkgutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +19,7 @@ from typing import Any
 
 import httpx
 import openai
+import openai.resources
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -114,13 +118,30 @@ class Instrumented:
         return spans[0]
 
 
+def _openai_methods() -> dict[tuple[type, str], Any]:
+    """Every method of the OpenAI client's resource classes, as it is now."""
+    found: dict[tuple[type, str], Any] = {}
+    for info in pkgutil.walk_packages(openai.resources.__path__, "openai.resources."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:
+            continue
+        for cls in list(vars(module).values()):
+            if inspect.isclass(cls) and cls.__module__.startswith("openai."):
+                found.update({(cls, name): v for name, v in list(vars(cls).items()) if callable(v)})
+    return found
+
+
 @contextmanager
 def instrumented(library: Library, monkeypatch: pytest.MonkeyPatch) -> Iterator[Instrumented]:
+    """The library instruments the client for the block; its patches are gone after (OpenLLMetry's
+    ``uninstrument`` leaves some on openai 3: each method is put back as it was)."""
     for k, v in library.env.items():
         monkeypatch.setenv(k, v)
     inst = Instrumented(library)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(inst.exporter))
+    methods = _openai_methods()
     instrumentor = library.instrumentor()
     instrumentor.instrument(tracer_provider=provider)
     try:
@@ -128,6 +149,9 @@ def instrumented(library: Library, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     finally:
         instrumentor.uninstrument()
         provider.shutdown()
+        for (cls, name), method in methods.items():
+            if vars(cls).get(name) is not method:
+                setattr(cls, name, method)
 
 
 def decode(span: ReadableSpan) -> dict[str, Any]:
