@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pipelines.bronze.decoding import KafkaRecord, SpanBatch
 from pipelines.silver.trajectories import assemble
+from schemas.tables import SPANS
 from tests.pipelines.conventions_fixtures import LIBRARIES, decode, expected, instrumented
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
@@ -149,7 +150,8 @@ def test_the_openinference_history_keeps_its_tool_parts(monkeypatch: pytest.Monk
     assert got[2] == {"role": "tool", "tool_call_id": "c1", "content": "408"}
     assert json.loads(row["tools"]) == [tool]
     # silver carries the tools into the call, where gold reads them (`trajectories.calls[].tools`)
-    (traj,) = assemble(pl.DataFrame([row]), now=dt.datetime.now(dt.UTC), idle_timeout_s=60).to_pylist()
+    spans = pl.DataFrame([row], schema=pl.DataFrame(SPANS.empty_table()).schema)
+    (traj,) = assemble(spans, now=dt.datetime.now(dt.UTC), idle_timeout_s=60).to_pylist()
     (call,) = traj["calls"]
     assert json.loads(call["tools"]) == [tool] and call["input_messages"] == row["input_messages"]
 
