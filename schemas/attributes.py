@@ -36,6 +36,8 @@ LLM_UPSTREAM = "agentlake.llm.upstream"
 LLM_LATENCY_MS = "agentlake.llm.latency_ms"
 LLM_STREAMED = "agentlake.llm.streamed"
 LLM_CHOICE_INDEX = "agentlake.llm.choice_index"  # which choice of an answer with several (`n > 1`)
+# the request's tool definitions (JSON list of OpenAI tool objects), beside gen_ai.input.messages
+LLM_TOOLS = "agentlake.llm.tools"
 
 # --- OpenTelemetry GenAI semantic conventions (new names, then older ones we still read) ---
 GEN_AI_SYSTEM = "gen_ai.system"
@@ -47,12 +49,17 @@ GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
-GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"  # JSON list of the request's tools
+GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"  # JSON list of tool definitions (1.37+)
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 # older (pre-1.37) names: flattened prompt/completion and usage
 GEN_AI_PROMPT_PREFIX_OLD = "gen_ai.prompt."  # gen_ai.prompt.{i}.role / .content
 GEN_AI_COMPLETION_PREFIX_OLD = "gen_ai.completion."  # gen_ai.completion.{i}.role / .content
+# OpenLLMetry's (traceloop) additions to the old layout: gen_ai.prompt.{i}.tool_calls.{j}.{id,name,arguments},
+# gen_ai.prompt.{i}.tool_call_id, and the request's tools as llm.request.functions.{i}.{name,description,parameters}
+OLD_TOOL_CALLS = "tool_calls."
+OLD_TOOL_CALL_ID = "tool_call_id"
+LLM_REQUEST_FUNCTIONS_PREFIX = "llm.request.functions."
 
 # --- OpenInference ---------------------------------------------------------------------------
 OI_SPAN_KIND = "openinference.span.kind"  # "LLM", "AGENT", "TOOL", "CHAIN", ...
@@ -62,6 +69,12 @@ OI_LLM_INPUT_MESSAGES_PREFIX = "llm.input_messages."  # llm.input_messages.{i}.m
 OI_LLM_OUTPUT_MESSAGES_PREFIX = "llm.output_messages."
 OI_MESSAGE_ROLE_SUFFIX = "message.role"
 OI_MESSAGE_CONTENT_SUFFIX = "message.content"
+OI_MESSAGE_CONTENTS = "message.contents."  # message.contents.{j}.message_content.{type,text}
+OI_MESSAGE_TOOL_CALLS = "message.tool_calls."  # message.tool_calls.{j}.tool_call.{id,function.name,function.arguments}
+OI_MESSAGE_TOOL_CALL_ID = "message.tool_call_id"
+OI_MESSAGE_NAME = "message.name"
+OI_LLM_TOOLS_PREFIX = "llm.tools."  # llm.tools.{i}.tool.json_schema: the OpenAI tool object as JSON text
+OI_TOOL_JSON_SCHEMA = "tool.json_schema"
 OI_LLM_MODEL_NAME = "llm.model_name"
 OI_AGENT_NAME = "agent.name"
 

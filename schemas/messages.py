@@ -1,7 +1,9 @@
 """The chat messages the lake stores as JSON text (``input_messages`` / ``output_messages``), read back.
 
-Written by ingestion (``pipelines.bronze.decoding.messages``); read by lake-side reward functions (the
-SDK's ``Trajectory``) and the LLM judge, which must read them the same way.
+Written by ingestion (``pipelines.bronze.decoding.messages``) in one internal shape whatever convention
+recorded the span: OpenAI chat messages, with ``tool_calls`` / ``tool_call_id`` / ``reasoning_content``
+where recorded (``pipelines.bronze.conventions.internal``); read by lake-side reward functions (the SDK's
+``Trajectory``) and the LLM judge, which must read them the same way.
 """
 
 from __future__ import annotations

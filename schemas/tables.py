@@ -37,7 +37,7 @@ _kafka_origin = [
 # --- bronze ------------------------------------------------------------------------------------
 SPANS = _versioned(
     "spans",
-    4,
+    5,
     [
         pa.field("tenant", pa.string(), nullable=False),
         pa.field("trace_id", pa.string(), nullable=False),  # 32 lowercase hex digits
@@ -63,8 +63,10 @@ SPANS = _versioned(
         pa.field("prompt_token_ids", pa.list_(pa.int32())),
         pa.field("completion_token_ids", pa.list_(pa.int32())),
         pa.field("completion_logprobs", pa.list_(pa.float32())),
-        pa.field("input_messages", pa.string()),  # JSON list of {role, content}
-        pa.field("output_messages", pa.string()),  # JSON list of {role, content}
+        # JSON lists of OpenAI chat messages, tool calls included, whatever convention recorded them
+        # (pipelines.bronze.conventions.internal spells the shape out)
+        pa.field("input_messages", pa.string()),
+        pa.field("output_messages", pa.string()),
         # reward span
         pa.field("reward_value", pa.float64()),
         pa.field("reward_name", pa.string()),
@@ -82,6 +84,10 @@ SPANS = _versioned(
         # gateway read it from the adapter's folder; null where it could not (another host, a base model,
         # a version without a manifest) and in rows stored before v4. Last, as `redacted`.
         pa.field("policy_sha256", pa.string()),
+        # v5: the request's tool definitions, a JSON list of OpenAI tools ({"type": "function", "function":
+        # {"name", "description", "parameters"}}) read by the span's convention; null when the span records
+        # none and in rows stored before v5. Last, as `redacted`.
+        pa.field("tools", pa.string()),
     ],
 )
 
@@ -135,6 +141,7 @@ LLM_CALL = pa.struct(
         pa.field("input_messages", pa.string()),
         pa.field("output_messages", pa.string()),
         pa.field("policy_sha256", pa.string()),  # trajectories v2 (spans v4); absent in older rows
+        pa.field("tools", pa.string()),  # trajectories v3 (spans v5): the call's tool definitions, JSON
     ]
 )
 
@@ -151,7 +158,7 @@ REWARD_ENTRY = pa.struct(
 
 TRAJECTORIES = _versioned(
     "trajectories",
-    2,  # v2: calls[].policy_sha256
+    3,  # v2: calls[].policy_sha256; v3: calls[].tools
     [
         pa.field("rollout_id", pa.string(), nullable=False),
         pa.field("attempt_id", pa.string()),
@@ -446,7 +453,7 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
 # each data file's min/max per column in its log, which outlives a delete + vacuum: a forgotten
 # message would stay readable there. These columns get no statistics (nothing skips files on them).
 CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "spans": ("status_message", "input_messages", "output_messages", "attributes", "resource_attributes"),
+    "spans": ("status_message", "input_messages", "output_messages", "attributes", "resource_attributes", "tools"),
     "quarantine": ("headers", "error", "value"),
     "judgements": ("reason",),
 }

@@ -74,7 +74,7 @@ class LlmCall:
     streamed: bool = False
     request_model: str | None = None
     request_messages: Any = None
-    request_tools: Any = None  # the request's `tools`: the prompt the model saw renders them
+    request_tools: Any = None  # the request's `tools` (OpenAI tool objects), recorded as agentlake.llm.tools
     response_model: str | None = None
     response_id: str | None = None
     adapter: str | None = None
@@ -128,8 +128,10 @@ class LlmCall:
             A.LLM_COMPLETION_LOGPROBS: (
                 [float(x) for x in self.completion_logprobs] if self.completion_logprobs is not None else None
             ),
-            A.GEN_AI_INPUT_MESSAGES: json.dumps(self.request_messages) if self.request_messages is not None else None,
-            A.GEN_AI_TOOL_DEFINITIONS: json.dumps(self.request_tools) if self.request_tools else None,
+            A.GEN_AI_INPUT_MESSAGES: (
+                json.dumps(input_messages(self.request_messages)) if self.request_messages is not None else None
+            ),
+            A.LLM_TOOLS: json.dumps(self.request_tools) if isinstance(self.request_tools, list) else None,
             A.GEN_AI_OUTPUT_MESSAGES: json.dumps([self.output_message]) if self.output_message is not None else None,
             A.GEN_AI_RESPONSE_FINISH_REASONS: [self.finish_reason] if self.finish_reason else None,
             A.GEN_AI_USAGE_INPUT_TOKENS: self.usage.get("prompt_tokens"),
@@ -137,6 +139,15 @@ class LlmCall:
         }
         a.update({k: v for k, v in optional.items() if v is not None})
         return a
+
+
+def input_messages(request: Any) -> list[Any]:
+    """The request's messages as a list of chat messages: a completions ``prompt`` (text, texts or token
+    ids) becomes user messages, so the span's messages are a list of objects like every other's."""
+    if isinstance(request, list) and all(isinstance(m, dict) for m in request):
+        return request
+    prompts = request if isinstance(request, list) and all(isinstance(p, str) for p in request) else [request]
+    return [{"role": "user", "content": p if isinstance(p, str) else json.dumps(p)} for p in prompts]
 
 
 def span_record(call: LlmCall, *, tenant: str, topic: str, received_at_ns: int) -> Record:

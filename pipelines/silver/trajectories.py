@@ -113,8 +113,9 @@ def assemble(
     """
     if spans.is_empty():
         return TRAJECTORIES.empty_table()
-    if "policy_sha256" not in spans.columns:  # read from a spans table written before v4
-        spans = spans.with_columns(pl.lit(None, pl.String).alias("policy_sha256"))
+    for column in ("policy_sha256", "tools"):  # read from a spans table written before v4 / v5
+        if column not in spans.columns:
+            spans = spans.with_columns(pl.lit(None, pl.String).alias(column))
     spans = spans.unique(_SPAN, keep="last", maintain_order=True)
     spans = _fill_attempts(spans)
 
@@ -215,6 +216,7 @@ def assemble(
             "input_messages",
             "output_messages",
             "policy_sha256",
+            "tools",
         )
         .sort_by("step")
         .alias("calls"),

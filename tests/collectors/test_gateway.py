@@ -252,6 +252,38 @@ async def test_forces_ids_and_logprobs_but_answers_in_openai_shape(gw, fake: Fak
     assert json.loads(a[A.GEN_AI_INPUT_MESSAGES]) == MSGS
 
 
+async def test_the_requests_tools_and_tool_history_reach_the_spans_table_in_the_internal_shape(
+    gw, fake: FakeVllm
+) -> None:
+    """The gateway records the request's `tools` (agentlake.llm.tools) beside its messages; decoded, the
+    row holds both as the client sent them (the gateway's messages are OpenAI chat messages already)."""
+    gateway, sink = gw
+    tools = [{"type": "function", "function": {"name": "mul", "description": "a*b", "parameters": {"type": "object"}}}]
+    history = [
+        {"role": "user", "content": "17 * 24?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "mul", "arguments": '{"a": 17}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "408"},
+    ]
+    async with client_for(gateway) as c:
+        r = await c.post("/v1/chat/completions", json={"model": "policy-v2", "messages": history, "tools": tools})
+        assert r.status_code == 200
+    await settle(gateway)
+    (s,) = spans(sink)
+    assert json.loads(s["attrs"][A.LLM_TOOLS]) == tools
+    table, quarantined = decode_spans(
+        KafkaRecord(rec.topic, 0, i, rec.key, rec.value, rec.headers) for i, rec in enumerate(sink.records)
+    )
+    assert quarantined == []
+    (row,) = table.to_pylist()
+    assert json.loads(row["tools"]) == tools and json.loads(row["input_messages"]) == history
+    assert json.loads(row["output_messages"]) == [{"role": "assistant", "content": "hi"}]
+    assert A.LLM_TOOLS not in json.loads(row["attributes"])
+
+
 async def test_each_call_carries_the_served_adapters_manifest_hash_into_the_spans_table(
     gw, fake: FakeVllm, tmp_path: Path
 ) -> None:

@@ -97,13 +97,13 @@ def test_ingest_without_redaction_settings_uses_the_process_settings(
 
 
 def test_a_hostile_message_list_does_not_stop_ingestion(settings: Settings, tmp_path: Path) -> None:
-    """Messages nested past Python's recursion limit are redacted as text; the batch is stored."""
+    """Messages nested past Python's recursion limit are no list of messages: that record is quarantined
+    with the reason (kept whole, never dropped), and the rest of the batch is stored and redacted."""
     k = settings.kafka
     deep = "[" * 50_000 + json.dumps(EMAIL) + "]" * 50_000
     r = Rollout("deep", calls=[Call(prompt=[1], response=[2])])
     spans = make_spans(r)
     rec = span_record(spans)
-    # the gen_ai.input.messages string is stored as it came: only redaction parses it
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
@@ -115,17 +115,17 @@ def test_a_hostile_message_list_does_not_stop_ingestion(settings: Settings, tmp_
     produce(k, k.spans_topic, [rec, _record(1, EMAIL)])
     lake = Lake(str(tmp_path / "lake"))
     res = ingest(lake, k, "spans", workers=0)
-    assert res.records == 2 and res.quarantined == 0
-    spans_t = pl.read_delta(lake.uri("spans"))
-    hostile = spans_t.filter(pl.col("input_messages").str.starts_with("[[[")).to_dicts()
-    assert len(hostile) == 1 and hostile[0]["redacted"] == ["email"]
-    assert EMAIL not in hostile[0]["input_messages"]
+    assert res.records == 2 and res.quarantined == 1
+    (q,) = pl.read_delta(lake.uri("quarantine")).to_dicts()
+    assert f"{A.GEN_AI_INPUT_MESSAGES} is not JSON" in q["error"] and q["value"] == rec["value"]
+    stored = pl.read_delta(lake.uri("spans")).filter(pl.col("input_messages").is_not_null()).to_dicts()
+    assert len(stored) == 1 and stored[0]["redacted"] == ["email"] and EMAIL not in stored[0]["input_messages"]
 
 
 def test_a_spans_table_from_before_v3_gains_redacted_on_its_next_ingestion(settings: Settings, tmp_path: Path) -> None:
     """A v2 table (no `redacted`) keeps its rows and positions; the next run adds the column (null for
     the old rows), and the trajectories step reads the mixed table."""
-    assert schema_version(SPANS) == 4
+    assert schema_version(SPANS) == 5
     k = settings.kafka
     old = [_record(i, EMAIL) for i in range(3)]
     produce(k, k.spans_topic, old)
@@ -133,7 +133,9 @@ def test_a_spans_table_from_before_v3_gains_redacted_on_its_next_ingestion(setti
     # what a v2 ingestion left: its rows without `redacted`, its positions (and record fingerprints)
     ingest(Lake(str(tmp_path / "scratch")), k, "spans", workers=0)
     scratch = DeltaTable(str(tmp_path / "scratch" / "spans"))
-    v4_only = SPANS.remove(SPANS.get_field_index("policy_sha256"))  # v4 came later, last
+    v4_only = SPANS.remove(SPANS.get_field_index("tools")).remove(
+        SPANS.get_field_index("policy_sha256")
+    )  # v4, v5 later
     v2 = v4_only.remove(v4_only.get_field_index("redacted")).with_metadata(
         {**SPANS.metadata, b"agentlake.schema.version": b"2"}
     )

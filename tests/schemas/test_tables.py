@@ -170,19 +170,22 @@ def test_schemas_imports_nothing_of_ours() -> None:
         assert not re.search(r"^\s*(from|import)\s+(agentlake|collectors|pipelines|trainer)\b", text, re.M), path
 
 
-def test_spans_v3_and_v4_columns_come_last_and_nullable() -> None:
+def test_spans_v3_to_v5_columns_come_last_and_nullable() -> None:
     """v3 adds `redacted` (pipelines.bronze.redact), v4 `policy_sha256` (the served adapter's manifest hash),
-    each last and nullable: an older table gains them by a schema merge."""
-    assert tables.schema_version(tables.SPANS) == 4
+    v5 `tools` (the request's tool definitions), each last and nullable: an older table gains them by a
+    schema merge."""
+    assert tables.schema_version(tables.SPANS) == 5
     field = tables.SPANS.field("redacted")
     assert field.type == pa.list_(pa.string()) and field.nullable
-    assert tables.SPANS.names[-2:] == ["redacted", "policy_sha256"]
-    assert tables.SPANS.field("policy_sha256").nullable
+    assert tables.SPANS.names[-3:] == ["redacted", "policy_sha256", "tools"]
+    assert tables.SPANS.field("policy_sha256").nullable and tables.SPANS.field("tools").nullable
 
 
-def test_policy_sha256_flows_as_the_last_nullable_field_of_calls_and_transitions() -> None:
-    """Added last and nullable in trajectories' calls (v2) and transitions (v4), as `policy_version` flows."""
-    assert tables.schema_version(tables.TRAJECTORIES) == 2 and tables.schema_version(tables.TRANSITIONS) == 4
+def test_policy_sha256_and_tools_flow_as_the_last_nullable_fields_of_calls_and_transitions() -> None:
+    """Added last and nullable in trajectories' calls (v2: policy_sha256, v3: tools) and transitions (v4),
+    as `policy_version` flows."""
+    assert tables.schema_version(tables.TRAJECTORIES) == 3 and tables.schema_version(tables.TRANSITIONS) == 4
     call = tables.LLM_CALL
-    assert call[call.num_fields - 1].name == "policy_sha256" and call[call.num_fields - 1].nullable
+    assert [call[i].name for i in (call.num_fields - 2, call.num_fields - 1)] == ["policy_sha256", "tools"]
+    assert call[call.num_fields - 2].nullable and call[call.num_fields - 1].nullable
     assert tables.TRANSITIONS.names[-1] == "policy_sha256" and tables.TRANSITIONS.field("policy_sha256").nullable

@@ -1,7 +1,7 @@
 """The interface of a trace convention: which span attributes say what, for the `spans` columns.
 
 A convention names the attributes it writes for each typed column of `spans` (ids, agent, model,
-token ids, messages, ...) and, where a value needs more than a key, a small reader. Decoding merges
+token ids, ...) and, where a value needs more than a key, a small reader (messages: `MessageReader`). Decoding merges
 the registered conventions (`pipelines.bronze.conventions.CONVENTIONS`, in priority order): for each
 column, the first key with a value wins.
 """
@@ -10,19 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pipelines.bronze.conventions.internal import Message, Tool
 
 Attributes = Mapping[str, Any]
+Direction = Literal["input", "output"]
 
 
 @dataclass(frozen=True)
-class FlatMessages:
-    """Messages flattened one attribute per field: ``{prefix}{i}.{role}`` / ``{prefix}{i}.{content}``."""
+class MessageReader:
+    """How a convention records chat messages and tool definitions, read into the internal shape
+    (`pipelines.bronze.conventions.internal`).
 
-    input_prefix: str
-    output_prefix: str
-    role: str
-    content: str
+    A reader is asked only for spans with one of ``keys`` (attributes that hold a whole list: kept in
+    their column, not repeated in the JSON of the other attributes) or a key starting with one of
+    ``prefixes`` (flattened layouts, one attribute per field). ``read`` and ``read_tools`` return None
+    when the span has nothing of theirs, and raise `internal.MalformedMessages` when an attribute is
+    there but holds no messages.
+    """
+
+    read: Callable[[Attributes, Direction], list[Message] | None]
+    read_tools: Callable[[Attributes], list[Tool] | None]
+    keys: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,8 @@ class Convention:
     prompt_token_ids: tuple[str, ...] = ()
     completion_token_ids: tuple[str, ...] = ()
     completion_logprobs: tuple[str, ...] = ()
-    # chat messages (tool calls included, as the convention writes them) in one JSON-list attribute
-    input_messages: tuple[str, ...] = ()
-    output_messages: tuple[str, ...] = ()
-    flat_messages: FlatMessages | None = None
+    # chat messages and tool definitions (`spans.input_messages`, `output_messages`, `tools`)
+    messages: MessageReader | None = None
     response_id_reader: ResponseIdReader | None = None
     # a span of this name carries a reward (its value: `schemas.span_checks.reward_attribute`)
     reward_span_name: str | None = None
@@ -77,7 +86,5 @@ COLUMN_FIELDS = (
     "prompt_token_ids",
     "completion_token_ids",
     "completion_logprobs",
-    "input_messages",
-    "output_messages",
 )
 """The fields of `Convention` that name typed columns' keys: held in their column, not in the JSON one."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipelines.bronze import conventions
 from pipelines.bronze.decoding.json_text import dumps
-from pipelines.bronze.decoding.messages import FLAT_MESSAGE_PREFIXES
+from pipelines.bronze.decoding.messages import readers_for
 from schemas import attributes as A
 from schemas.otlp.values import lite_value
 
@@ -66,7 +66,7 @@ class Shape:
     """What a span's attribute keys alone decide, worked out once per distinct tuple of keys.
 
     Spans of one agent carry the same keys over and over, so which keys feed which typed column,
-    which go to the JSON column and whether flattened messages may be present is looked up, not
+    which go to the JSON column and which conventions' messages may be present is looked up, not
     recomputed for every span. Values still go through the same checks (empty strings skipped).
     """
 
@@ -84,9 +84,7 @@ class Shape:
         "prompt",
         "completion",
         "logprobs",
-        "msg_in",
-        "msg_out",
-        "flat",
+        "messages",
         "rest",
         "all_rest",
     )
@@ -111,9 +109,7 @@ class Shape:
         self.prompt = present(conventions.keys("prompt_token_ids"))
         self.completion = present(conventions.keys("completion_token_ids"))
         self.logprobs = present(conventions.keys("completion_logprobs"))
-        self.msg_in = present(conventions.keys("input_messages"))
-        self.msg_out = present(conventions.keys("output_messages"))
-        self.flat = any(k.startswith(FLAT_MESSAGE_PREFIXES) for k in keys)
+        self.messages = readers_for(keys)
         self.rest = tuple(k for k in keys if k not in TYPED_KEYS)
         self.all_rest = len(self.rest) == len(keys)
 

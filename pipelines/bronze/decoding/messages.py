@@ -1,53 +1,46 @@
-"""Chat messages of an LLM span, as the conventions (`pipelines.bronze.conventions`) write them.
+"""Chat messages and tool definitions of an LLM span, read by the conventions into the internal shape.
 
-Messages come as one JSON attribute (``gen_ai.input.messages``), or flattened one attribute per
-field (OpenInference ``llm.input_messages.{i}.message.role``, old GenAI ``gen_ai.prompt.{i}.role``);
-either way the `spans` row holds a JSON list.
+Each convention's `MessageReader` (`pipelines.bronze.conventions`) knows its own layout; here the
+readers a span's keys call for are asked in priority order, the first value of each of input, output
+and tools wins, and the `spans` row holds each as JSON text. A message attribute that holds no
+messages raises (the record is quarantined with the reason, never dropped).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pipelines.bronze import conventions
+from pipelines.bronze.conventions import MessageReader
+from pipelines.bronze.conventions.internal import MalformedMessages
 from pipelines.bronze.decoding.json_text import dumps
 
-_FLAT = conventions.flat_messages()
-FLAT_MESSAGE_PREFIXES = tuple(p for f in _FLAT for p in (f.input_prefix, f.output_prefix))
+READERS = conventions.message_readers()
 
 
-def messages_json(v: Any) -> str | None:
-    """A messages attribute as JSON text: a string is kept as sent."""
-    if v is None:
-        return None
-    return v if isinstance(v, str) else dumps(v)
+def readers_for(keys: Sequence[str]) -> tuple[MessageReader, ...]:
+    """The readers a span with these attribute keys may hold messages or tools for, in priority order."""
+    return tuple(
+        r
+        for r in READERS
+        if any(k in r.keys for k in keys) or (r.prefixes and any(k.startswith(r.prefixes) for k in keys))
+    )
 
 
-def _indexed_messages(attrs: Mapping[str, Any], prefix: str, role: str, content: str) -> str | None:
-    """Flattened `prefix{i}.{role|content}` attributes (OpenInference, old GenAI) to a JSON list."""
-    found: dict[int, dict[str, Any]] = {}
-    for key, value in attrs.items():
-        if not key.startswith(prefix):
-            continue
-        idx, _, field = key[len(prefix) :].partition(".")
-        if not idx.isdigit():
-            continue
-        if field == role:
-            found.setdefault(int(idx), {})["role"] = value
-        elif field == content:
-            found.setdefault(int(idx), {})["content"] = value
-    if not found:
-        return None
-    return json.dumps([found[i] for i in sorted(found)])
-
-
-def flat_messages(attrs: Mapping[str, Any], direction: Literal["input", "output"]) -> str | None:
-    """Flattened ``direction`` messages as a JSON list, in the first layout of the conventions that has them."""
-    for layout in _FLAT:
-        prefix = layout.input_prefix if direction == "input" else layout.output_prefix
-        found = _indexed_messages(attrs, prefix, layout.role, layout.content)
-        if found:
-            return found
-    return None
+def read_messages(
+    readers: Sequence[MessageReader], attrs: Mapping[str, Any], span_name: str
+) -> tuple[str | None, str | None, str | None]:
+    """The span's input messages, output messages and tools as JSON text (None: not recorded)."""
+    found: list[Any] = [None, None, None]
+    try:
+        for r in readers:
+            if found[0] is None:
+                found[0] = r.read(attrs, "input")
+            if found[1] is None:
+                found[1] = r.read(attrs, "output")
+            if found[2] is None:
+                found[2] = r.read_tools(attrs)
+    except MalformedMessages as exc:
+        raise MalformedMessages(f"span {span_name!r}: {exc}") from None
+    return tuple(None if v is None else dumps(v) for v in found)  # type: ignore[return-value]

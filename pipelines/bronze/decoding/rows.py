@@ -34,6 +34,6 @@ ROW_TYPE = pa.struct(
     ]
 )
 ROLLOUT_COLUMN = ROW_COLUMNS.index("rollout_id")
-# The span-attribute columns after agent_name (status to attributes, then policy_sha256, last in SPANS
-# as a v4 column): all null for a span without attributes.
-NO_ATTRIBUTES = (None,) * 10
+# The span-attribute columns after agent_name (status to attributes, then policy_sha256 and tools, last
+# in SPANS as v4 and v5 columns): all null for a span without attributes.
+NO_ATTRIBUTES = (None,) * 11

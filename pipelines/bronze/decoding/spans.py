@@ -13,7 +13,7 @@ from typing import Any
 from pipelines.bronze.decoding.columns import SHAPES, ResourceColumns, as_text, first_value, new_shape, read_response_id
 from pipelines.bronze.decoding.json_text import dumps
 from pipelines.bronze.decoding.kafka_record import KafkaRecord
-from pipelines.bronze.decoding.messages import flat_messages, messages_json
+from pipelines.bronze.decoding.messages import read_messages
 from pipelines.bronze.decoding.rewards import REWARD_SPAN_NAMES, span_reward
 from pipelines.bronze.decoding.rows import NO_ATTRIBUTES, ROLLOUT_COLUMN
 from pipelines.bronze.decoding.tokens import PackedArray, first_token_ids, logprobs
@@ -94,13 +94,10 @@ def decode_request(
                         reward_value, reward_name = span_reward(name, attrs)
                     else:
                         reward_value = reward_name = None
-                    input_messages = messages_json(attrs[shape.msg_in[0]]) if shape.msg_in else None
-                    output_messages = messages_json(attrs[shape.msg_out[0]]) if shape.msg_out else None
-                    if shape.flat:
-                        if input_messages is None:
-                            input_messages = flat_messages(attrs, "input")
-                        if output_messages is None:
-                            output_messages = flat_messages(attrs, "output")
+                    if shape.messages:
+                        input_messages, output_messages, tools = read_messages(shape.messages, attrs, name)
+                    else:
+                        input_messages = output_messages = tools = None
                     if shape.all_rest:
                         rest_json: str | None = dumps(attrs)
                     elif shape.rest:
@@ -135,6 +132,7 @@ def decode_request(
                         reward_name,
                         rest_json,
                         as_text(attrs[shape.policy_sha[0]]) if shape.policy_sha else None,
+                        tools,
                     )
                 else:
                     rid = res.rollout
