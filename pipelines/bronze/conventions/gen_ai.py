@@ -17,6 +17,7 @@ from pipelines.bronze.conventions.base import Attributes, Convention, Direction,
 from pipelines.bronze.conventions.internal import (
     Message,
     Tool,
+    as_json_text,
     list_of_objects,
     load_json,
     message,
@@ -42,13 +43,18 @@ def _from_parts(m: Mapping[str, Any]) -> list[Message]:
         if kind == "tool_call":
             calls.append(tool_call(p.get("id"), p.get("name"), p.get("arguments")))
         elif kind == "tool_call_response":
-            results.append(message("tool", text_of(p.get("response")) or "", tool_call_id=p.get("id")))
+            # "response" in the conventions; "result" where PydanticAI writes it
+            response = p.get("response", p.get("result"))
+            text = text_of(response)
+            if text is None and response is not None:
+                text = as_json_text(response)
+            results.append(message("tool", text or "", tool_call_id=p.get("id"), name=p.get("name")))
         elif kind == "reasoning":
             if (t := text_of(p.get("content"))) is not None:
                 reasoning.append(t)
         elif (t := text_of(p.get("content"))) is not None:  # text, and any other part that carries text
             texts.append(t)
-    if results and not texts and not calls and role == "tool":
+    if results and not texts and not calls and not reasoning:  # the results' carrier (role tool, or user)
         return results
     own = message(
         role,

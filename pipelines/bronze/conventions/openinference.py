@@ -44,7 +44,15 @@ def response_id(attrs: Attributes) -> str | None:
     return rid if isinstance(rid, str) and rid else None
 
 
+def _is_model_call(attrs: Attributes) -> bool:
+    """Only an ``LLM`` span is a model call. LangChain's instrumentation also writes a graph node's input
+    messages on its ``CHAIN`` spans; read as calls, every LangGraph step would count as one more call."""
+    return attrs.get(A.OI_SPAN_KIND, A.OI_SPAN_KIND_LLM) == A.OI_SPAN_KIND_LLM
+
+
 def read_messages(attrs: Attributes, direction: Direction) -> list[Message] | None:
+    if not _is_model_call(attrs):
+        return None
     prefix = A.OI_LLM_INPUT_MESSAGES_PREFIX if direction == "input" else A.OI_LLM_OUTPUT_MESSAGES_PREFIX
     found = indexed(attrs, prefix)
     if not found:
@@ -74,6 +82,8 @@ def read_messages(attrs: Attributes, direction: Direction) -> list[Message] | No
 
 
 def read_tools(attrs: Attributes) -> list[Tool] | None:
+    if not _is_model_call(attrs):
+        return None
     found = indexed(attrs, A.OI_LLM_TOOLS_PREFIX)
     if not found:
         return None
