@@ -127,9 +127,10 @@ def test_generated_histories_retokenize_exactly(retok: Retokenizer, history: Any
     generated = {**reply, "content": raw_text(reply).removesuffix("<|im_end|>").split("<tool_call>")[0]}
     generated.pop("reasoning_content", None)
     full = tok.apply_chat_template(as_vllm([*prompt_msgs, generated]), tools=tools, tokenize=False)
-    assert prompt + response + tok("\n", add_special_tokens=False)["input_ids"] == tok(full, add_special_tokens=False)[
-        "input_ids"
-    ]
+    assert (
+        prompt + response + tok("\n", add_special_tokens=False)["input_ids"]
+        == tok(full, add_special_tokens=False)["input_ids"]
+    )
     # the hermes parser reads the tool calls back from the response text
     parsed = [json.loads(a or b) for a, b in HERMES.findall(tok.decode(response))]
     assert [(p["name"], p["arguments"]) for p in parsed] == [
