@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.token_check import MISMATCH, VERIFIED, TokenizeEndpoint, status
