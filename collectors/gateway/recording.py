@@ -120,6 +120,24 @@ def choice_logprobs(choice: dict[str, Any], kind: Kind) -> list[float] | None:
     return [float(x) if x is not None else float("nan") for x in values] if isinstance(values, list) else None
 
 
+def _add_tool_call_delta(calls: dict[int, dict[str, Any]], delta: dict[str, Any], position: int) -> None:
+    """One streamed tool-call delta into the calls so far, by its ``index``: the first delta of a call
+    names it (id, type, function name), later ones add pieces of its arguments."""
+    index = delta.get("index")
+    key = index if isinstance(index, int) else position
+    call = calls.setdefault(key, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    if isinstance(delta.get("id"), str):
+        call["id"] = delta["id"]
+    if isinstance(delta.get("type"), str):
+        call["type"] = delta["type"]
+    raw_fn = delta.get("function")
+    fn: dict[str, Any] = raw_fn if isinstance(raw_fn, dict) else {}
+    if isinstance(fn.get("name"), str):
+        call["function"]["name"] += fn["name"]
+    if isinstance(fn.get("arguments"), str):
+        call["function"]["arguments"] += fn["arguments"]
+
+
 class StreamedAnswer:
     """Accumulates a streamed answer, choice by choice, into what the spans need."""
 
@@ -140,14 +158,24 @@ class StreamedAnswer:
         for c in chunk.get("choices") or ():
             if not isinstance(c, dict):
                 continue
-            acc = self.choices.setdefault(int(c.get("index", 0)), {"ids": [], "lps": [], "text": [], "prompt": None})
+            acc = self.choices.setdefault(
+                int(c.get("index", 0)), {"ids": [], "lps": [], "text": [], "prompt": None, "reasoning": [], "calls": {}}
+            )
             acc["ids"].extend(c.get("token_ids") or ())
             acc["lps"].extend(choice_logprobs(c, self.kind) or ())
             if isinstance(c.get("prompt_token_ids"), list):
                 acc["prompt"] = c["prompt_token_ids"]
-            piece = (c.get("delta") or {}).get("content") if self.kind == "chat" else c.get("text")
+            raw_delta = c.get("delta")
+            delta: dict[str, Any] = raw_delta if isinstance(raw_delta, dict) else {}
+            piece = delta.get("content") if self.kind == "chat" else c.get("text")
             if isinstance(piece, str):
                 acc["text"].append(piece)
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str):
+                acc["reasoning"].append(thought)
+            for n, call in enumerate(delta.get("tool_calls") or ()):
+                if isinstance(call, dict):
+                    _add_tool_call_delta(acc["calls"], call, n)
             if c.get("finish_reason"):
                 acc["finish"] = c["finish_reason"]
 
@@ -160,7 +188,13 @@ class StreamedAnswer:
             if acc["prompt"] is not None:
                 choice["prompt_token_ids"] = acc["prompt"]
             if self.kind == "chat":
-                choice["message"] = {"role": "assistant", "content": text}
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                if acc["calls"]:  # as vLLM answers unstreamed: the calls in order, no text as null content
+                    message["content"] = text or None
+                    message["tool_calls"] = [acc["calls"][k] for k in sorted(acc["calls"])]
+                if acc["reasoning"]:
+                    message["reasoning_content"] = "".join(acc["reasoning"])
+                choice["message"] = message
                 choice["logprobs"] = {"content": [{"logprob": x} for x in acc["lps"]]}
             else:
                 choice["text"] = text
