@@ -77,7 +77,10 @@ class TokenizeEndpoint:
         finally:
             if self._client is None:
                 client.close()
-        ids = response.json().get("tokens") if response.status_code == 200 else None
+        try:
+            ids = response.json().get("tokens") if response.status_code == 200 else None
+        except (ValueError, AttributeError):  # not vLLM's answer: nothing to verify with
+            ids = None
         self._memo[key] = [int(t) for t in ids] if isinstance(ids, list) else None
         return self._memo[key]
 

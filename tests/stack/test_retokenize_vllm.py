@@ -7,21 +7,28 @@ retokenized response whole; a reply cut by ``max_tokens`` ("length") has no end-
 equal the retokenized response less its ``<|im_end|>``. A tool call the model wrote in another JSON spacing
 than the template's cannot be recovered from the parsed message (the hermes parser re-dumps the
 arguments); such replies must still parse back to the same calls, and are counted, not compared.
+
+Streaming: the gateway records a streamed answer with tool calls as the same request unstreamed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from collectors.sink import MemorySink
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.token_check import MISMATCH, VERIFIED, TokenizeEndpoint, status
+from schemas import attributes as A
 from tests.fixtures_vllm import VllmServer
 from tests.pipelines.test_retokenize_exact import HERMES, TOOLS, histories
+from tests.stack.test_vllm_tools import _through_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -114,3 +121,77 @@ def test_a_finished_reply_and_tool_history_retokenize_as_vllm_served_them(vllm_s
 def test_generated_histories_retokenize_as_vllm_served_them(vllm_server: VllmServer, history: Any) -> None:  # noqa: ANN401
     messages, _, tools = history
     _check(vllm_server, Retokenizer(str(vllm_server.model_path)), messages, tools)
+
+
+STRICT = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "Evaluate an arithmetic expression",
+            "parameters": {
+                "type": "object",
+                "properties": {"expr": {"type": "string", "maxLength": 8}},
+                "required": ["expr"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+def _same_call(message: dict[str, Any]) -> dict[str, Any]:
+    """A recorded output message as far as streaming cannot change it: its text ("" and null alike), its
+    reasoning, and its tool calls with their arguments as JSON values (vLLM re-dumps the arguments of an
+    unstreamed answer, and streams them as generated) and without their ids (drawn per request)."""
+    return {
+        "content": message.get("content") or None,
+        "reasoning": message.get("reasoning_content") or message.get("reasoning") or None,
+        "tool_calls": [
+            (c["type"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in message.get("tool_calls") or ()
+        ],
+    }
+
+
+def _recorded(sink: MemorySink) -> list[tuple[list[int], list[int], list[dict[str, Any]]]]:
+    """(prompt ids, completion ids, output messages) of each span the gateway wrote."""
+    out = []
+    for rec in sink.records:
+        for s in ExportTraceServiceRequest.FromString(rec.value).resource_spans[0].scope_spans[0].spans:
+            attrs = {kv.key: kv.value for kv in s.attributes}
+            out.append(
+                (
+                    [v.int_value for v in attrs[A.LLM_PROMPT_TOKEN_IDS].array_value.values],
+                    [v.int_value for v in attrs[A.LLM_COMPLETION_TOKEN_IDS].array_value.values],
+                    json.loads(attrs[A.GEN_AI_OUTPUT_MESSAGES].string_value),
+                )
+            )
+    return out
+
+
+def test_streamed_tool_calls_record_the_same_call_as_unstreamed(vllm_server: VllmServer) -> None:
+    """Through the gateway: a streamed answer with a tool call records the ids and the message (tool call
+    included) that the same request records without streaming. The 135M model calls no tool on "auto", so
+    the calls are asked for ("required", and by name: vLLM's guided decoding writes them)."""
+    retok = Retokenizer(str(vllm_server.model_path))
+    ask = [{"role": "user", "content": "Use calc to compute 41*86."}]
+    for choice in ("required", {"type": "function", "function": {"name": "calc"}}):
+        body = {
+            "model": vllm_server.served_name,
+            "messages": ask,
+            "tools": STRICT,
+            "tool_choice": choice,
+            "max_tokens": 96,
+            "temperature": 0,
+        }
+        plain, plain_sink = asyncio.run(_through_gateway(vllm_server.url, body))
+        streamed, stream_sink = asyncio.run(_through_gateway(vllm_server.url, {**body, "stream": True}))
+        assert plain.status_code == 200 and streamed.status_code == 200, (plain.text, streamed.text)
+        (recorded,) = _recorded(plain_sink)
+        (streamed_call,) = _recorded(stream_sink)
+        assert streamed_call[:2] == recorded[:2] and recorded[1]
+        (message,) = recorded[2]
+        assert message["tool_calls"] and message["tool_calls"][0]["function"]["name"] == "calc"
+        assert [_same_call(m) for m in streamed_call[2]] == [_same_call(message)]
+        assert retok.prompt_ids(json.dumps(ask), json.dumps(STRICT)) == recorded[0]
