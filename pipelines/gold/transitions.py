@@ -106,6 +106,19 @@ def _merge(rows: list[dict[str, Any]], reasons: Counter[str] | None = None) -> t
     return out, mismatches
 
 
+def _check_exact(calls: pl.DataFrame, retokenizer: Retokenizer) -> pl.DataFrame:
+    """Exact calls whose engine prompt ids are not the policy template's rendering of the recorded request
+    (messages and tools) become "mismatch": the engine rendered with another template than the one
+    the trainer and the retokenizer use. Done here, not in the gateway: collectors do not load tokenizers."""
+    statuses = []
+    for st, ids, msgs, tools in calls.select("token_status", "prompt_ids", "input_messages", "tools").iter_rows():
+        if st == EXACT and msgs:
+            ours = retokenizer.prompt_ids(msgs, tools)
+            st = EXACT if ours is None or ours == list(ids) else MISMATCH
+        statuses.append(st)
+    return calls.with_columns(pl.Series("token_status", statuses, pl.String))
+
+
 def build(
     traj: pl.DataFrame,
     credit: CreditSettings,
@@ -210,6 +223,11 @@ def build(
             res.dropped["no_tokens" if tok else "no_tokens_no_tokenizer"] += missing
         calls = pl.concat([calls.filter(exact), filled.filter(pl.col("response_ids").is_not_null())])
     calls = calls.filter(pl.col("response_ids").list.len() > 0)
+    if credit.check_exact_tokens and calls.filter(exact & pl.col("input_messages").is_not_null()).height:
+        if callable(retokenizer):
+            retokenizer = retokenizer()
+        if isinstance(retokenizer, Retokenizer):
+            calls = _check_exact(calls, retokenizer)
     res.token_status.update({s: int(n) for s, n in calls["token_status"].value_counts().iter_rows()})
     if not credit.train_token_mismatch:
         mismatched = pl.col("token_status") == MISMATCH

@@ -113,3 +113,7 @@ class CreditSettings(Section):
     # messages and tools, answered within ``verify_timeout_s``; off or unreachable: "unverified".
     verify_tokens: bool = True
     verify_timeout_s: float = Field(2.0, gt=0)
+    # Also compare the engine's prompt ids of exact calls with the policy template's rendering of their
+    # recorded messages and tools (unequal: "mismatch"). Off by default: redaction rewrites the recorded
+    # messages (pipelines.bronze.redact), so with it on every redacted call would read as a mismatch.
+    check_exact_tokens: bool = False

@@ -73,6 +73,25 @@ def test_status_verified_unverified_mismatch_and_exact(smollm2_dir: Path, tmp_pa
     assert _statuses(kept) == ["mismatch", "exact"] and "token_mismatch" not in kept.dropped
 
 
+def test_exact_calls_are_checked_against_the_template_when_asked(smollm2_dir: Path, tmp_path: Path) -> None:
+    """credit.check_exact_tokens: the engine's prompt ids against the policy template's rendering of the
+    recorded request; a vLLM that rendered with another template makes a mismatch."""
+    retok = _retok(smollm2_dir, tmp_path)
+    q = [{"role": "user", "content": "What is 2+2?"}]
+    a = [{"role": "assistant", "content": "4"}]
+    ours, other = retok.prompt_ids(json.dumps(q)), _retok(smollm2_dir, tmp_path, KEEPING).prompt_ids(json.dumps(q))
+    assert ours and other and ours != other
+    calls = [
+        Call(prompt=ours, response=[19, 2], messages_in=q, messages_out=a),
+        Call(prompt=other, response=[19, 2], messages_in=q, messages_out=a),
+    ]
+    traj = traj_of(Rollout("e", calls=calls, final_reward=1.0))
+    unchecked = build(traj, CreditSettings(advantage="none"), now=NOW, retokenizer=retok)
+    assert _statuses(unchecked) == ["exact", "exact"]
+    credit = CreditSettings(advantage="none", check_exact_tokens=True, train_token_mismatch=True)
+    assert _statuses(build(traj, credit, now=NOW, retokenizer=lambda: retok)) == ["exact", "mismatch"]
+
+
 def _two_turns(first_out: dict[str, Any], history_turn: dict[str, Any], extra: list[dict[str, Any]]) -> Rollout:
     q = [{"role": "user", "content": "What is 41 times 86?"}]
     second_in = [*q, history_turn, *extra]
