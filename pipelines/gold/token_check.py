@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from pipelines.gold.retokenize import normalize
+from schemas.config import Settings
 
 EXACT, VERIFIED, UNVERIFIED, MISMATCH = "exact", "verified", "unverified", "mismatch"
 STATUSES = (EXACT, VERIFIED, UNVERIFIED, MISMATCH)
@@ -83,6 +84,15 @@ class TokenizeEndpoint:
             ids = None
         self._memo[key] = [int(t) for t in ids] if isinstance(ids, list) else None
         return self._memo[key]
+
+
+def policy_verifier(settings: Settings) -> TokenizeEndpoint | None:
+    """The policy's vLLM (``vllm.url``, its base model's name) as a verifier; None when
+    ``credit.verify_tokens`` is off. What the `transitions` asset, a replay and a variant rebuild use."""
+    if not settings.credit.verify_tokens:
+        return None
+    credit = settings.credit
+    return TokenizeEndpoint(settings.vllm.url, settings.model.base_served_name, timeout_s=credit.verify_timeout_s)
 
 
 def status(prompt_ids: list[int] | None, served: list[int] | None) -> str:
