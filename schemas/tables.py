@@ -184,7 +184,7 @@ TRAJECTORIES = _versioned(
 # --- gold --------------------------------------------------------------------------------------
 TRANSITIONS = _versioned(
     "transitions",
-    4,  # v3: reward_source; v4: policy_sha256
+    5,  # v3: reward_source; v4: policy_sha256; v5: token_status
     [
         # rollout_id/attempt_id/step, + "@<tenant>" for any tenant but "default" (pipelines/keys.py)
         pa.field("transition_id", pa.string(), nullable=False),
@@ -220,6 +220,11 @@ TRANSITIONS = _versioned(
         # with policy_version says exactly which registered files sampled the row; null when unknown
         # and in rows from before v4.
         pa.field("policy_sha256", pa.string()),
+        # v5: how the row's tokens are known (pipelines.gold.token_check): "exact" (the serving engine's ids),
+        # "verified" (retokenized, equal to the served model's /tokenize of the same chat), "unverified"
+        # (retokenized, no server answered) or "mismatch" (retokenized, the server renders other ids; left
+        # out unless credit.train_token_mismatch). Of a merged row, its most doubtful call's. Null before v5.
+        pa.field("token_status", pa.string()),
     ],
 )
 

@@ -56,6 +56,7 @@ def rebuild(
     The main `transitions` table is left alone; train on the variant with `agentlake train --table`.
     """
     from pipelines.gold.retokenize import policy_retokenizer
+    from pipelines.gold.token_check import policy_verifier
     from pipelines.gold.variants import rebuild_variant
     from schemas.lake import Lake
 
@@ -76,7 +77,9 @@ def rebuild(
         merge_calls=merge_calls,
         agent_pattern=agent,
     )
-    res = rebuild_variant(Lake.from_settings(s), credit, name=name, retokenizer=policy_retokenizer(s))
+    res = rebuild_variant(
+        Lake.from_settings(s), credit, name=name, retokenizer=policy_retokenizer(s), verifier=policy_verifier(s)
+    )
     console.print(
         f"[green]{res.table}[/] version {res.version}: {res.rows} transitions from {res.rollouts} rollouts "
         f"(trajectories version {res.trajectories_version})"

@@ -1,10 +1,11 @@
 """Asset checks: the invariants the trainer relies on, evaluated on the tables as written."""
 
 import polars as pl
-from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from pipelines.defs.assets import rewards, spans, trajectories, transitions
-from pipelines.defs.resources import LakeResource
+from pipelines.defs.resources import CreditResource, LakeResource
+from pipelines.gold.token_check import MISMATCH, STATUSES, TOKEN_STATUS_PREFIX
 from trainer.provenance import is_unverified, registered_hashes
 from trainer.registry import Registry
 
@@ -125,6 +126,33 @@ def transitions_served_adapters_known(lake: LakeResource) -> AssetCheckResult:
     )
 
 
+@asset_check(
+    asset=transitions,
+    description="Share of the last run's LLM calls whose tokens mismatch the served model's (at most "
+    "credit.max_token_mismatch_rate).",
+)
+def transitions_token_mismatch(context: AssetCheckExecutionContext, credit: CreditResource) -> AssetCheckResult:
+    """Warn when the last `transitions` run found too many calls whose retokenized prompt is not what the
+    served model renders (token_status "mismatch", `pipelines.gold.token_check`).
+
+    Read from that run's materialization metadata, not the table: mismatched calls are left out of the
+    table by default, so only the run that met them can count them. A WARN: the rows trained on are
+    right; a high rate says the retokenizer's template is not the served model's (or messages are
+    recorded in a shape it cannot render), so most messages-only calls are being lost."""
+    event = context.instance.get_latest_materialization_event(transitions.key)
+    mat = event.asset_materialization if event is not None else None
+    meta = mat.metadata if mat is not None else {}
+    counts = {s: int(getattr(meta.get(f"{TOKEN_STATUS_PREFIX}{s}"), "value", 0) or 0) for s in STATUSES}
+    total = sum(counts.values())
+    rate = counts[MISMATCH] / total if total else 0.0
+    limit = credit.settings().max_token_mismatch_rate
+    return AssetCheckResult(
+        passed=rate <= limit,
+        severity=AssetCheckSeverity.WARN,
+        metadata={"calls": total, **counts, "mismatch_rate": round(rate, 4), "max_rate": limit},
+    )
+
+
 @asset_check(asset=trajectories, description="Share of ended trajectories that have a reward.")
 def reward_coverage(lake: LakeResource) -> AssetCheckResult:
     scan = lake.lake().scan("trajectories")
@@ -150,5 +178,6 @@ all_checks = [
     transitions_lengths,
     transitions_finite,
     transitions_served_adapters_known,
+    transitions_token_mismatch,
     reward_coverage,
 ]

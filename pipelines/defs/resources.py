@@ -25,6 +25,7 @@ from dagster import ConfigurableResource, EnvVar
 from pipelines.bronze.offset_hints import make_consumer
 from pipelines.gold.estimators import get_estimator
 from pipelines.gold.retokenize import Retokenizer, chat_template_file, load, tokenizer_dir
+from pipelines.gold.token_check import TokenizeEndpoint
 from schemas.config import CreditSettings, JudgeSettings, KafkaSettings, Settings, load_settings
 from schemas.config.loading import ENV_PREFIX
 from schemas.errors import ConfigError, LakeError
@@ -157,12 +158,20 @@ class TokenizerResource(ConfigurableResource):
 
     path: str = ""
     chat_template: str = ""
+    verify_url: str = ""  # the policy's vLLM (vllm.url), whose /tokenize verifies retokenized calls
+    verify_model: str = ""  # a model name it serves with the policy's tokenizer (model.base_served_name)
 
     def retokenizer(self) -> Retokenizer | None:
         """None when no tokenizer folder exists: such calls are then dropped and counted."""
         if not self.path or not os.path.isdir(self.path):
             return None
         return load(self.path, self.chat_template)
+
+    def verifier(self, credit: CreditSettings) -> TokenizeEndpoint | None:
+        """A fresh endpoint per run (its memo and its "server down" last one run), or None when off."""
+        if not credit.verify_tokens or not self.verify_url:
+            return None
+        return TokenizeEndpoint(self.verify_url, self.verify_model, timeout_s=credit.verify_timeout_s)
 
 
 class TrainerResource(ConfigurableResource):
@@ -242,7 +251,12 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             credit=s.credit.model_dump(mode="json", exclude_none=True),
             judge=s.judge.resolved(s.vllm.url, s.model.base_served_name).model_dump(mode="json"),
         ),
-        "tokenizer": TokenizerResource(path=tokenizer_dir(s), chat_template=chat_template_file(s)),
+        "tokenizer": TokenizerResource(
+            path=tokenizer_dir(s),
+            chat_template=chat_template_file(s),
+            verify_url=s.vllm.url,
+            verify_model=s.model.base_served_name,
+        ),
         "trainer": TrainerResource(
             lake=lake,
             kafka=kafka,

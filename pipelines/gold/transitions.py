@@ -24,8 +24,9 @@ from pipelines import keys
 from pipelines.gold.baselines import RunningBaseline, TenantBaselines
 from pipelines.gold.credit import advantages, assign_credit, match_first_occurrence
 from pipelines.gold.estimators import is_stateful
-from pipelines.gold.retokenize import Retokenizer
+from pipelines.gold.retokenize import Retokenizer, normalize
 from pipelines.gold.reward_horizon import with_rewards
+from pipelines.gold.token_check import EXACT, MISMATCH, status, worst
 from pipelines.silver.trajectories import latest_terminal_attempts
 from schemas import attributes as A
 from schemas.agent_filter import agent_mask
@@ -42,6 +43,23 @@ class TransitionsResult:
     rollouts: int = 0
     baseline: RunningBaseline | TenantBaselines | None = None
     defaulted: int = 0  # rollouts trained with credit.missing_reward
+    token_status: Counter[str] = field(default_factory=Counter)  # calls by token_status, dropped ones too
+    merge_breaks: Counter[str] = field(default_factory=Counter)  # why consecutive calls were not merged
+
+
+def _break_reason(prev: dict[str, Any]) -> str:
+    """Why a call's prompt did not continue the previous call's prompt and response, as far as the
+    previous response tells: its tool calls re-serialized by the template, its reasoning stripped
+    from the history, or something else (the agent edited the history, another template)."""
+    try:
+        out = normalize(prev.get("output_messages"))
+    except ValueError:
+        out = []
+    if any(m.get("tool_calls") for m in out):
+        return "tool_call_reserialized"
+    if any(m.get("reasoning_content") or "<think>" in str(m.get("content") or "") for m in out):
+        return "reasoning_stripped"
+    return "other"
 
 
 def _step_rewards(
@@ -59,8 +77,9 @@ def _step_rewards(
     return values, final_idx in assigned
 
 
-def _merge(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """Merge consecutive calls whose prompt continues prompt+response token for token."""
+def _merge(rows: list[dict[str, Any]], reasons: Counter[str] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Merge consecutive calls whose prompt continues prompt+response token for token; count in
+    ``reasons`` why the others stayed apart (`_break_reason`)."""
     out: list[dict[str, Any]] = []
     mismatches = 0
     for row in rows:
@@ -76,12 +95,28 @@ def _merge(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
                 else:
                     prev["response_logprobs"] = None
                 prev["merged_calls"] += 1
+                prev["token_status"] = worst(prev["token_status"], row["token_status"])
                 if row["step_reward"] is not None:
                     prev["step_reward"] = (prev["step_reward"] or 0.0) + row["step_reward"]
                 continue
             mismatches += 1
+            if reasons is not None:
+                reasons[_break_reason(prev)] += 1
         out.append(dict(row))
     return out, mismatches
+
+
+def _check_exact(calls: pl.DataFrame, retokenizer: Retokenizer) -> pl.DataFrame:
+    """Exact calls whose engine prompt ids are not the policy template's rendering of the recorded request
+    (messages and tools) become "mismatch": the engine rendered with another template than the one
+    the trainer and the retokenizer use. Done here, not in the gateway: collectors do not load tokenizers."""
+    statuses = []
+    for st, ids, msgs, tools in calls.select("token_status", "prompt_ids", "input_messages", "tools").iter_rows():
+        if st == EXACT and msgs:
+            ours = retokenizer.prompt_ids(msgs, tools)
+            st = EXACT if ours is None or ours == list(ids) else MISMATCH
+        statuses.append(st)
+    return calls.with_columns(pl.Series("token_status", statuses, pl.String))
 
 
 def build(
@@ -90,6 +125,7 @@ def build(
     *,
     now: dt.datetime,
     retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
+    verifier: Callable[[Any, Any], list[int] | None] | None = None,
     baseline: RunningBaseline | TenantBaselines | None = None,
     known_baselines: dict[tuple[str, str], float] | None = None,
     held_baselines: dict[tuple[str, str], float] | None = None,
@@ -98,6 +134,11 @@ def build(
 
     ``now`` decides which rollouts without a reward have passed the reward horizon; ``known_baselines``
     and ``held_baselines`` are what rollouts were compared with before (`pipelines.gold.credit.advantages`).
+    ``verifier`` gives the served model's prompt ids for a call's (input messages, tools)
+    (`pipelines.gold.token_check.TokenizeEndpoint`), or None: retokenized calls are then "verified" or
+    "mismatch", else "unverified"; calls with the engine's ids are "exact". The engine's ids are not
+    checked against the template here (redacted or re-encoded messages would read as a mismatch where
+    the ids are right): those are the tokens the policy saw and sampled.
     """
     mode: CreditMode = credit.mode
     adv_mode: AdvantageMode = credit.advantage
@@ -137,6 +178,8 @@ def build(
     )
     if "policy_sha256" not in calls.columns:  # trajectories written before v2 (calls without the hash)
         calls = calls.with_columns(pl.lit(None, pl.String).alias("policy_sha256"))
+    if "tools" not in calls.columns:  # calls recorded without their tool definitions
+        calls = calls.with_columns(pl.lit(None, pl.String).alias("tools"))
     calls = calls.with_columns(pl.coalesce("agent_name", "_agent0").alias("agent_name"))
 
     # --- agent filter
@@ -149,6 +192,7 @@ def build(
     exact = pl.col("prompt_token_ids").is_not_null() & pl.col("completion_token_ids").is_not_null()
     calls = calls.with_columns(
         pl.when(exact).then(pl.lit("exact")).otherwise(pl.lit("retokenized")).alias("token_source"),
+        pl.when(exact).then(pl.lit(EXACT)).otherwise(pl.lit(None, pl.String)).alias("token_status"),
         pl.col("prompt_token_ids").alias("prompt_ids"),
         pl.col("completion_token_ids").alias("response_ids"),
         pl.when(pl.col("completion_logprobs").list.len() == pl.col("completion_token_ids").list.len())
@@ -161,14 +205,17 @@ def build(
     if need.height:
         prompts: list[list[int] | None] = []
         responses: list[list[int] | None] = []
-        for row in need.select("input_messages", "output_messages").iter_rows():
-            enc = retokenizer.encode(row[0], row[1]) if isinstance(retokenizer, Retokenizer) else None
+        statuses: list[str | None] = []
+        for row in need.select("input_messages", "output_messages", "tools").iter_rows():
+            enc = retokenizer.encode(*row) if isinstance(retokenizer, Retokenizer) else None
             prompts.append(enc[0] if enc else None)
             responses.append(enc[1] if enc else None)
+            statuses.append(status(enc[0], verifier(row[0], row[2]) if verifier else None) if enc else None)
         filled = need.with_columns(
             pl.Series("prompt_ids", prompts, pl.List(pl.Int32)),
             pl.Series("response_ids", responses, pl.List(pl.Int32)),
             pl.lit(None, pl.List(pl.Float32)).alias("response_logprobs"),
+            pl.Series("token_status", statuses, pl.String),
         )
         missing = filled.filter(pl.col("response_ids").is_null() | pl.col("prompt_ids").is_null()).height
         if missing:
@@ -176,6 +223,17 @@ def build(
             res.dropped["no_tokens" if tok else "no_tokens_no_tokenizer"] += missing
         calls = pl.concat([calls.filter(exact), filled.filter(pl.col("response_ids").is_not_null())])
     calls = calls.filter(pl.col("response_ids").list.len() > 0)
+    if credit.check_exact_tokens and calls.filter(exact & pl.col("input_messages").is_not_null()).height:
+        if callable(retokenizer):
+            retokenizer = retokenizer()
+        if isinstance(retokenizer, Retokenizer):
+            calls = _check_exact(calls, retokenizer)
+    res.token_status.update({s: int(n) for s, n in calls["token_status"].value_counts().iter_rows()})
+    if not credit.train_token_mismatch:
+        mismatched = pl.col("token_status") == MISMATCH
+        if n_mismatched := int(calls.select(mismatched.sum()).item()):
+            res.dropped["token_mismatch"] += n_mismatched
+            calls = calls.filter(~mismatched)
     calls = calls.sort("_attempt", "step")
 
     # --- per-step rewards (first-occurrence matching, as Agent Lightning does)
@@ -204,7 +262,7 @@ def build(
     # --- optional merging of calls that continue each other
     if credit.merge_calls:
         cols = calls.columns
-        merged, mism = _merge(calls.to_dicts())
+        merged, mism = _merge(calls.to_dicts(), res.merge_breaks)
         res.merge_mismatches = mism
         calls = pl.DataFrame(merged, schema=calls.schema).select(cols)
 
@@ -248,4 +306,6 @@ def build(
         rollouts=res.rollouts,
         baseline=res.baseline,
         defaulted=res.defaulted,
+        token_status=res.token_status,
+        merge_breaks=res.merge_breaks,
     )

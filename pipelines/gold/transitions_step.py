@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from pipelines.gold.baselines import RunningBaseline, TenantBaselines
 from pipelines.gold.estimators import is_stateful
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.reward_horizon import EXPIRED_UNTIL, known_at, lapsed
+from pipelines.gold.token_check import STATUSES, TOKEN_STATUS_PREFIX
 from pipelines.gold.transitions import build
 from pipelines.silver.trajectories_step import REMOVED_KEY
 from pipelines.steps import StepResult, group_chunks, pairs
@@ -37,6 +39,7 @@ def update_transitions(
     credit: CreditSettings,
     *,
     retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
+    verifier: Callable[[Any, Any], list[int] | None] | None = None,
     now: dt.datetime | None = None,
     chunk_rollouts: int = 10_000,
 ) -> StepResult:
@@ -105,6 +108,8 @@ def update_transitions(
         baseline = TenantBaselines.from_json(saved_baseline(lake))
     dropped: dict[str, int] = {}
     mismatches = defaulted = 0
+    token_status: Counter[str] = Counter()
+    merge_breaks: Counter[str] = Counter()
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
         picked = traj.filter(
@@ -117,6 +122,7 @@ def update_transitions(
             credit,
             now=now,
             retokenizer=retokenizer,
+            verifier=verifier,
             baseline=baseline,
             known_baselines=known,
             held_baselines=held,
@@ -140,6 +146,8 @@ def update_transitions(
         res.rollouts += out.rollouts
         defaulted += out.defaulted
         mismatches += out.merge_mismatches
+        token_status.update(out.token_status)
+        merge_breaks.update(out.merge_breaks)
         for reason, n in out.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
         reward = out.table.column("reward")
@@ -151,6 +159,9 @@ def update_transitions(
         "commits": len(chunks),
         "merge_mismatches": mismatches,
         **{f"dropped_{k}": v for k, v in sorted(dropped.items())},
+        # calls by how their tokens are known (the transitions asset check reads the mismatch rate)
+        **{f"{TOKEN_STATUS_PREFIX}{s}": token_status.get(s, 0) for s in STATUSES},
+        **{f"merge_break_{k}": v for k, v in sorted(merge_breaks.items())},
     }
     if defaulted:
         res.extra["default_reward_rollouts"] = defaulted

@@ -103,6 +103,7 @@ def rebuild_variant(
     *,
     name: str | None = None,
     retokenizer: Retokenizer | Callable[[], Retokenizer | None] | None = None,
+    verifier: Callable[[Any, Any], list[int] | None] | None = None,
     now: dt.datetime | None = None,
     chunk_rollouts: int = 10_000,
 ) -> VariantResult:
@@ -131,7 +132,7 @@ def rebuild_variant(
     for chunk in chunks:
         picked = traj.filter(pl.col("tenant").is_in(sorted({t for t, _ in chunk})) & group.is_in([g for _, g in chunk]))
         rows = keys.keep(picked.with_columns(group).collect(engine="streaming"), chunk, "group_id").drop("group_id")
-        out = build(rows, credit, now=now, retokenizer=retokenizer)
+        out = build(rows, credit, now=now, retokenizer=retokenizer, verifier=verifier)
         parts.append(out.table)
         rollouts += out.rollouts
         baseline = out.baseline or baseline

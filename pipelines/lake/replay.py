@@ -12,6 +12,7 @@ from typing import Any
 from pipelines.bronze.ingest import ingest
 from pipelines.bronze.span_rewards import extract_span_rewards
 from pipelines.gold.retokenize import Retokenizer, policy_retokenizer
+from pipelines.gold.token_check import policy_verifier
 from pipelines.gold.transitions_step import update_transitions
 from pipelines.lake.forget import BRONZE, FORGET_TABLES, copy_records, honour, recorded
 from pipelines.silver.trajectories_step import update_trajectories
@@ -52,7 +53,9 @@ def replay(
         lake, k, idle_timeout_s=settings.credit.idle_timeout_s, reward_name=settings.credit.reward
     )
     tokens = retokenizer or policy_retokenizer(settings)
-    out["transitions"] = update_transitions(lake, settings.credit, retokenizer=tokens)
+    out["transitions"] = update_transitions(
+        lake, settings.credit, retokenizer=tokens, verifier=policy_verifier(settings)
+    )
     if deletions:
         out["forgotten"] = honour(lake, deletions)
         _vacuum_all(lake)

@@ -103,3 +103,17 @@ class CreditSettings(Section):
     # "primary", else the first), e.g. "exact_answer" to train on what such a function scores.
     reward_modules: list[str] = Field(default_factory=list)
     reward: str | None = None
+    # Calls whose tokens are known to differ from what the policy saw (token_status "mismatch": the served
+    # model's /tokenize of the messages gave other prompt ids than the retokenizer) are left out of
+    # `transitions` and counted (dropped_token_mismatch); True keeps and trains them. The `transitions`
+    # asset check warns when a run's share of mismatched calls is above ``max_token_mismatch_rate``.
+    train_token_mismatch: bool = False
+    max_token_mismatch_rate: float = Field(0.05, ge=0, le=1)
+    # Retokenized calls are verified against the policy's vLLM (``vllm.url``): its /tokenize of the same
+    # messages and tools, answered within ``verify_timeout_s``; off or unreachable: "unverified".
+    verify_tokens: bool = True
+    verify_timeout_s: float = Field(2.0, gt=0)
+    # Also compare the engine's prompt ids of exact calls with the policy template's rendering of their
+    # recorded messages and tools (unequal: "mismatch"). Off by default: redaction rewrites the recorded
+    # messages (pipelines.bronze.redact), so with it on every redacted call would read as a mismatch.
+    check_exact_tokens: bool = False

@@ -81,6 +81,35 @@ def test_a_streamed_answer_becomes_the_non_streamed_shape() -> None:
     }
 
 
+def test_streamed_tool_call_and_reasoning_deltas_become_the_unstreamed_message() -> None:
+    """Parallel tool calls streamed as vLLM streams them (the first delta of a call names it, the rest add
+    argument pieces) and reasoning deltas: one message, as the same request answers without streaming."""
+    acc = StreamedAnswer("chat")
+    deltas: list[dict[str, Any]] = [
+        {"reasoning_content": "think "},
+        {"reasoning_content": "hard"},
+        {"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "calc", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"expr": '}}]},
+        {"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "search"}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"1"}'}}]},
+        {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]},
+    ]
+    for n, delta in enumerate(deltas):
+        acc.add({"choices": [{"index": 0, "delta": delta, "token_ids": [n]}]})
+    acc.add({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    (choice,) = acc.as_response()["choices"]
+    assert choice["token_ids"] == list(range(len(deltas))) and choice["finish_reason"] == "tool_calls"
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "think hard",
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "1"}'}},
+            {"id": "b", "type": "function", "function": {"name": "search", "arguments": "{}"}},
+        ],
+    }
+
+
 def test_each_choice_is_its_own_call_in_the_callers_trace() -> None:
     parent = (b"\x01" * 16, b"\x02" * 8)
     base = request_call(

@@ -98,3 +98,37 @@ def test_a_trajectories_table_from_before_call_hashes_builds_and_gains_the_neste
     assert [c[0]["policy_sha256"] for c in got["calls"].to_list()] == [None, "ab" * 32]
     built = build(got, CreditSettings(), now=now).table.sort_by("rollout_id")
     assert built["policy_sha256"].to_pylist() == [None, "ab" * 32]
+
+
+def test_a_transitions_table_from_before_v5_gains_token_status(tmp_path: Path) -> None:
+    """v5's `token_status` goes last: a v4 table takes the new rows, its old rows read as null."""
+    lake = Lake(str(tmp_path))
+    v4 = TRANSITIONS.remove(TRANSITIONS.get_field_index("token_status"))
+    row = dict.fromkeys(TRANSITIONS.names)
+    row |= {
+        "transition_id": "r/a/0",
+        "rollout_id": "r",
+        "tenant": "t",
+        "group_id": "g",
+        "step": 0,
+        "prompt_ids": [1],
+        "response_ids": [2],
+        "loss_mask": [1],
+        "reward": 1.0,
+        "return": 1.0,
+        "advantage": 0.5,
+        "token_source": "exact",
+        "credit_mode": "identical",
+        "advantage_mode": "grpo",
+        "merged_calls": 1,
+        "day": dt.date(2030, 1, 1),
+        "created_at": dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
+    }
+    old = {k: v for k, v in row.items() if k != "token_status"}
+    write_deltalake(lake.uri("transitions"), pa.Table.from_pylist([old], schema=v4), partition_by=["day"])
+    new = row | {"transition_id": "r/a/1", "step": 1, "group_id": "h", "token_status": "verified"}
+    lake.write(
+        "transitions", pa.Table.from_pylist([new], schema=TRANSITIONS), mode="overwrite", predicate="group_id = 'h'"
+    )
+    got = pl.read_delta(lake.uri("transitions")).sort("step")
+    assert got["token_status"].to_list() == [None, "verified"]

@@ -184,8 +184,14 @@ def test_spans_v3_to_v5_columns_come_last_and_nullable() -> None:
 def test_policy_sha256_and_tools_flow_as_the_last_nullable_fields_of_calls_and_transitions() -> None:
     """Added last and nullable in trajectories' calls (v2: policy_sha256, v3: tools) and transitions (v4),
     as `policy_version` flows."""
-    assert tables.schema_version(tables.TRAJECTORIES) == 3 and tables.schema_version(tables.TRANSITIONS) == 4
+    assert tables.schema_version(tables.TRAJECTORIES) == 3 and tables.schema_version(tables.TRANSITIONS) >= 4
     call = tables.LLM_CALL
     assert [call[i].name for i in (call.num_fields - 2, call.num_fields - 1)] == ["policy_sha256", "tools"]
     assert call[call.num_fields - 2].nullable and call[call.num_fields - 1].nullable
-    assert tables.TRANSITIONS.names[-1] == "policy_sha256" and tables.TRANSITIONS.field("policy_sha256").nullable
+    assert tables.TRANSITIONS.names[-2] == "policy_sha256" and tables.TRANSITIONS.field("policy_sha256").nullable
+
+
+def test_token_status_is_the_last_nullable_field_of_transitions() -> None:
+    """v5: how a row's tokens are known (pipelines.gold.token_check), last and nullable (older rows)."""
+    assert tables.schema_version(tables.TRANSITIONS) == 5
+    assert tables.TRANSITIONS.names[-1] == "token_status" and tables.TRANSITIONS.field("token_status").nullable

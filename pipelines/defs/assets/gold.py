@@ -20,7 +20,10 @@ def transitions(
     context: AssetExecutionContext, lake: LakeResource, credit: CreditResource, tokenizer: TokenizerResource
 ) -> MaterializeResult:
     t0 = time.perf_counter()
-    res = update_transitions(lake.lake(), credit.settings(), retokenizer=tokenizer.retokenizer)
+    settings = credit.settings()
+    res = update_transitions(
+        lake.lake(), settings, retokenizer=tokenizer.retokenizer, verifier=tokenizer.verifier(settings)
+    )
     context.log.info(f"transitions: {res.rows} rows from {res.rollouts} rollouts")
     meta = res.metadata()
     meta["seconds"] = round(time.perf_counter() - t0, 3)
