@@ -98,7 +98,9 @@ def test_an_existing_smaller_topic_is_warned_about(
     with caplog.at_level(logging.WARNING, logger="agentlake.stack.broker"):
         created = ensure_topics(k, kafka_bootstrap)
     assert created == [k.rewards_topic, k.models_topic, k.model_acks_topic]
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # ours only: on a loaded machine kafka-python also warns of a slow task in its event loop
+    ours = [r for r in caplog.records if r.name == "agentlake.stack.broker"]
+    warnings = [r.getMessage() for r in ours if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings  # only the old topic: the new ones take what we send
     assert k.spans_topic in warnings[0] and "1048588" in warnings[0] and "413" in warnings[0]
     assert described(admin, k.spans_topic)["max.message.bytes"] == "1048588"  # left as it was
