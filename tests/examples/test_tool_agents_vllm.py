@@ -65,13 +65,12 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _run(agent: ModuleType, base_url: str, model: str, transport: httpx.AsyncBaseTransport) -> list[Any]:
+async def _run(agent: ModuleType, base_url: str, model: str, transport: httpx.AsyncBaseTransport) -> list[Any]:
+    """Two held-out tasks, one at a time (calls in request order), greedy; the agent's finished spans."""
     exporter = InMemorySpanExporter()
     agent.setup(exporter=exporter)
     tasks = heldout_tasks(2)
-    asyncio.run(
-        agent.run_batch_async(base_url, tasks, model=model, concurrency=1, temperature=0.0, transport=transport)
-    )
+    await agent.run_batch_async(base_url, tasks, model=model, concurrency=1, temperature=0.0, transport=transport)
     return list(exporter.get_finished_spans())
 
 
@@ -80,7 +79,7 @@ def _run(agent: ModuleType, base_url: str, model: str, transport: httpx.AsyncBas
 @pytest.mark.parametrize("name", AGENTS)
 def test_retokenized_tool_prompts_are_what_vllm_served(name: str, vllm_server: VllmServer) -> None:
     recorder = RecordingTransport()
-    spans = _run(AGENTS[name], vllm_server.url, vllm_server.served_name, recorder)
+    spans = asyncio.run(_run(AGENTS[name], vllm_server.url, vllm_server.served_name, recorder))
     calls = llm_rows(decode(spans))
     assert calls.height == len(recorder.seen) >= 2
     retokenizer = Retokenizer(str(vllm_server.model_path))
@@ -105,9 +104,8 @@ def test_tool_agent_through_the_gateway_gives_exact_transitions(name: str, vllm_
     async def run_through_gateway() -> list[Any]:
         gateway = Gateway(settings, sink)
         try:
-            return await asyncio.to_thread(
-                _run, AGENTS[name], "http://gateway", vllm_server.served_name, httpx.ASGITransport(create_app(gateway))
-            )
+            transport = httpx.ASGITransport(create_app(gateway))
+            return await _run(AGENTS[name], "http://gateway", vllm_server.served_name, transport)
         finally:
             await gateway.close()
 
