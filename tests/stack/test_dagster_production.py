@@ -54,7 +54,7 @@ def wait_for(what: str, probe: Callable[[], bool], deadline: float) -> None:
     while time.monotonic() < deadline:
         if probe():
             return
-        time.sleep(2)
+        time.sleep(0.5)  # one query against the instance database
     raise AssertionError(f"{what} within {TIMEOUT_S}s")
 
 

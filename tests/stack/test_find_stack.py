@@ -24,6 +24,7 @@ import pytest
 from agentlake.stack.ports import free_port
 from schemas.config import load_settings
 from schemas.config.stack_file import STACK_FILE_VERSION, stack_file
+from tests.stacks import discard_stack
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -265,5 +266,5 @@ def test_tools_find_the_running_stack(tmp_path: Path) -> None:
         assert again.returncode == 0, again.stdout + again.stderr
         assert load_settings(environ=env).kafka.bootstrap_servers == bootstrap
     finally:
-        _agentlake(env, "down")
+        discard_stack(env)
     assert not stack_file(state).exists()
