@@ -161,5 +161,7 @@ def wait_exited(procs: Sequence[psutil.Process], timeout_s: float) -> list[psuti
 def _exited(proc: psutil.Process) -> bool:
     try:
         return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
+    except psutil.NoSuchProcess:
         return True
+    except psutil.Error:
+        return False
