@@ -143,7 +143,7 @@ def _wait(what: str, probe: Callable[[], bool], proc: processes.ManagedProcess, 
             return
         if not proc.is_running():
             raise StackError(f"{what} exited during startup; see {proc.log}:\n{_tail(proc.log)}")
-        time.sleep(0.1)  # each probe is one local request; a part is up ~0.25 s sooner on average
+        time.sleep(0.2)  # one local request (the daemon's: a GraphQL query), so a part is up ~0.15 s sooner
     raise StackError(f"{what} did not become healthy in {timeout_s:.0f}s; see {proc.log}:\n{_tail(proc.log)}")
 
 
