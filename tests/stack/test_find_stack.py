@@ -163,7 +163,7 @@ def test_the_local_broker_keeps_its_port_across_restarts(tmp_path: Path) -> None
             moved = local.start_broker(settings)
         assert moved != first and local.remembered_broker_port(settings) == int(moved.rsplit(":", 1)[1])
     finally:
-        local.down(settings)  # the broker and the object store its log lives in
+        discard_stack(settings)  # the broker and the object store its log lives in
 
 
 # --- the real stack: `agentlake up`, then the tools with a bare environment ------------------------
