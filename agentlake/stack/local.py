@@ -143,7 +143,7 @@ def _wait(what: str, probe: Callable[[], bool], proc: processes.ManagedProcess, 
             return
         if not proc.is_running():
             raise StackError(f"{what} exited during startup; see {proc.log}:\n{_tail(proc.log)}")
-        time.sleep(0.5)
+        time.sleep(0.2)  # one local request (the daemon's: a GraphQL query), so a part is up ~0.15 s sooner
     raise StackError(f"{what} did not become healthy in {timeout_s:.0f}s; see {proc.log}:\n{_tail(proc.log)}")
 
 
@@ -432,8 +432,12 @@ def _start_vllm(settings: Settings) -> None:
     vllm.start_vllm(settings)
 
 
-def down(settings: Settings) -> list[str]:
-    """Stop exactly the processes `up` recorded, in reverse order; return their names."""
+def down(settings: Settings, *, objectstore_stop_s: float = OBJECTSTORE_STOP_S) -> list[str]:
+    """Stop exactly the processes `up` recorded, in reverse order; return their names.
+
+    ``objectstore_stop_s`` bounds SeaweedFS's clean shutdown (~15 s, see below) before SIGKILL: tests
+    that throw their stack's data away pass a short one rather than wait for the drain.
+    """
     stopped = []
     sdir = state_dir(settings)
     stack_file(sdir).unlink(missing_ok=True)  # nothing should find a stack that is going away
@@ -443,7 +447,7 @@ def down(settings: Settings) -> list[str]:
         if name == postgres.PART:
             if postgres.stop(sdir):  # pg_ctl stop -m fast: no crash recovery at the next start
                 stopped.append(name)
-        elif processes.stop(sdir, name, timeout_s=OBJECTSTORE_STOP_S if name == "objectstore" else 15.0):
+        elif processes.stop(sdir, name, timeout_s=objectstore_stop_s if name == "objectstore" else 15.0):
             stopped.append(name)
     for leftover in processes.list_managed(sdir):  # parts added by later versions
         if processes.stop(sdir, leftover.name):

@@ -131,12 +131,38 @@ def stop(state_dir: Path, name: str, *, timeout_s: float = 15.0) -> bool:
                     p.terminate()
                 except psutil.Error:
                     pass
-        _, alive = psutil.wait_procs(group, timeout=timeout_s)
+        alive = wait_exited(group, timeout_s)
         for p in alive:
             try:
                 p.kill()
             except psutil.Error:
                 pass
-        psutil.wait_procs(alive, timeout=5)
+        wait_exited(alive, 5.0)
     pid_file.unlink(missing_ok=True)
     return stopped
+
+
+def wait_exited(procs: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait up to ``timeout_s`` for ``procs`` to exit; return those still running.
+
+    A zombie has exited: a child orphaned by the stop belongs to PID 1, which in a bare container may
+    never reap it, and ``psutil.wait_procs`` alone then waits out the whole timeout and the SIGKILL's
+    5 s for a process that holds nothing. Under a PID 1 that does not reap, measured: a process with
+    one child took 20 s to stop, vLLM (API server, engine core, worker) 35 s, Dagster's daemon 11 s.
+    """
+    deadline = time.monotonic() + timeout_s
+    alive = list(procs)
+    while True:
+        _, alive = psutil.wait_procs(alive, timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+        alive = [p for p in alive if not _exited(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+
+
+def _exited(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False

@@ -237,7 +237,7 @@ def start_vllm(settings: Settings, model_path: Path | None = None, *, on_step: L
             raise StackError(f"vLLM exited during startup; log {managed.log}:\n{_tail(Path(managed.log))}")
         if vllm_healthy(url, served_name=settings.model.base_served_name):
             return managed
-        time.sleep(1.0)
+        time.sleep(0.25)  # a /v1/models request: serving starts up to 0.75 s sooner
     processes.stop(state, PROCESS_NAME)
     raise StackError(
         f"vLLM did not answer at {url} within {cfg.startup_timeout_s:.0f}s; log {managed.log}:\n"

@@ -150,7 +150,7 @@ def wait_for_transitions(
             seen = set(rows.get_column("rollout_id").to_list())
         if rollout_ids <= seen:
             return
-        time.sleep(3)
+        time.sleep(1)  # one scan of the table: cheap next to the round's seconds lost to a 3 s poll
     raise AgentlakeError(
         f"{len(rollout_ids - seen)} of {len(rollout_ids)} rollouts of tenant {tenant!r} never reached "
         f"`transitions` within {timeout_s:.0f}s; see the Dagster UI and {local.state_dir(settings) / 'logs'}"
@@ -164,7 +164,7 @@ def wait_for_new_version(settings: Settings, current: str, *, timeout_s: float) 
         version = serving_version(settings)
         if version != current:
             return version
-        time.sleep(3)
+        time.sleep(1)  # one read of the registry
     raise AgentlakeError(
         f"no new policy version within {timeout_s:.0f}s of the round; see the runs in the Dagster UI "
         f"(http://{settings.dagster.host}:{settings.dagster.port}) and {local.state_dir(settings) / 'logs'}"

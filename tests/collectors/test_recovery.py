@@ -112,7 +112,7 @@ def test_broker_restart_on_same_port(broker, tmp_path) -> None:
         assert grpc_health(server.grpc_port)[0] == b"\x08\x01"
         for i in range(1, 11):
             assert client.post(url, content=body(i), headers=PROTOBUF).status_code == 200
-        before = spans_of(read_topic(kafka, kafka.spans_topic, expect=30))
+        before = spans_of(read_topic(kafka, kafka.spans_topic, expect=10))  # records: one per request (one trace)
         assert sorted(before) == sorted(s for i in range(1, 11) for s in span_ids(i))
 
         b.stop()
@@ -190,6 +190,8 @@ def test_otel_exporters_deliver_through_a_short_outage(broker, tmp_path) -> None
         for e in exporters:
             e.shutdown()
     sent = [(format(s.context.trace_id, "032x"), format(s.context.span_id, "016x")) for bt in batches for s in bt]
-    in_kafka = spans_of(read_topic(kafka, kafka.spans_topic, expect=len(sent), timeout=30))
+    # until 2 s of quiet: ``expect`` counts records, and how many records the exporters' batches of
+    # spans make is not this test's business (expect=len(sent) waited out the whole timeout)
+    in_kafka = spans_of(read_topic(kafka, kafka.spans_topic, timeout=30, idle=2.0))
     assert len(in_kafka) == len(set(in_kafka)), "a span was written twice"
     assert sorted(in_kafka) == sorted(sent)

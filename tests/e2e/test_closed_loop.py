@@ -12,6 +12,7 @@ from agentlake.stack import local
 from agentlake.stack.ports import free_port
 from examples.closed_loop.loop import LoopPlan, run_closed_loop
 from schemas.config import Settings, load_settings
+from tests.stacks import discard_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -76,7 +77,7 @@ def test_one_round_trains_publishes_and_serves_the_new_version(tmp_path: Path, m
         assert versions and all(v.endswith("@v0002") for v in versions), versions
         assert Path(report.plot).exists()
     finally:
-        local.down(settings)
+        discard_stack(settings)
 
 
 def test_production_traffic_trains_on_late_rewards_and_drops_the_missing(tmp_path: Path, monkeypatch) -> None:
@@ -140,4 +141,4 @@ def test_production_traffic_trains_on_late_rewards_and_drops_the_missing(tmp_pat
         )
         assert len(unrewarded) >= r1.never + r2.never and not unrewarded & rewarded
     finally:
-        local.down(settings)
+        discard_stack(settings)

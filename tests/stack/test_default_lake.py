@@ -25,6 +25,7 @@ from schemas.errors import LakeError
 from schemas.lake import Lake
 from schemas.tables import SPANS
 from tests.objectstore import ObjectStore
+from tests.stacks import discard_stack
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,4 +157,4 @@ def test_up_puts_the_lake_in_the_bucket_and_it_outlives_down(tmp_path: Path) -> 
         again = Lake.from_settings(load_settings(environ=env))
         assert again.txn("spans", "kafka:t:0") == 3, "the lake's bucket survives down/up"
     finally:
-        _cli(env, "down")
+        discard_stack(env)

@@ -23,6 +23,7 @@ import pytest
 from agentlake.stack.objectstore import weed_binary
 from agentlake.stack.ports import free_port
 from schemas.config import Settings, load_settings
+from tests.stacks import discard_stack
 
 pytestmark = [
     pytest.mark.slow,
@@ -155,7 +156,7 @@ def test_acknowledged_spans_survive_down_and_up(tmp_path: Path) -> None:
         assert len(lake) == len(set(lake)) == 1000 and set(lake) == acked
         assert not _pending(settings), "nothing left once the lake holds everything"
     finally:
-        subprocess.run([sys.executable, "-m", "agentlake", "down"], env=env, capture_output=True, timeout=120, cwd=REPO)
+        discard_stack(env)
 
 
 def test_acknowledged_spans_survive_kill_9_of_the_broker(tmp_path: Path) -> None:
@@ -187,7 +188,7 @@ def test_acknowledged_spans_survive_kill_9_of_the_broker(tmp_path: Path) -> None
         assert len(lake) == len(set(lake)) == 500 and set(lake) == acked
         assert not _pending(settings)
     finally:
-        subprocess.run([sys.executable, "-m", "agentlake", "down"], env=env, capture_output=True, timeout=120, cwd=REPO)
+        discard_stack(env)
 
 
 def test_without_weed_the_broker_falls_back_to_memory_and_says_so(

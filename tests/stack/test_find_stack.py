@@ -24,6 +24,7 @@ import pytest
 from agentlake.stack.ports import free_port
 from schemas.config import load_settings
 from schemas.config.stack_file import STACK_FILE_VERSION, stack_file
+from tests.stacks import discard_stack
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -162,7 +163,7 @@ def test_the_local_broker_keeps_its_port_across_restarts(tmp_path: Path) -> None
             moved = local.start_broker(settings)
         assert moved != first and local.remembered_broker_port(settings) == int(moved.rsplit(":", 1)[1])
     finally:
-        local.down(settings)  # the broker and the object store its log lives in
+        discard_stack(settings)  # the broker and the object store its log lives in
 
 
 # --- the real stack: `agentlake up`, then the tools with a bare environment ------------------------
@@ -265,5 +266,5 @@ def test_tools_find_the_running_stack(tmp_path: Path) -> None:
         assert again.returncode == 0, again.stdout + again.stderr
         assert load_settings(environ=env).kafka.bootstrap_servers == bootstrap
     finally:
-        _agentlake(env, "down")
+        discard_stack(env)
     assert not stack_file(state).exists()

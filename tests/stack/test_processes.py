@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from agentlake.stack import processes
 
@@ -67,3 +69,45 @@ def test_refuses_to_start_twice(tmp_path: Path) -> None:
             raise AssertionError("second start should fail")
     finally:
         processes.stop(tmp_path, "once")
+
+
+# Run as a child of a "PID 1" that never reaps (a subreaper that only waits for this script): the stopped
+# process's child, orphaned, stays a zombie there, as in a bare container.
+_STOP_UNDER_A_NON_REAPING_INIT = """
+import json, subprocess, sys, time
+from pathlib import Path
+from agentlake.stack import processes
+state = Path(sys.argv[1])
+family = (
+    "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+proc = processes.start(state, "family", [sys.executable, "-c", family], address="-")
+while "\\nready" not in Path(proc.log).read_text():  # the log opens with the argv, which says ready too
+    time.sleep(0.05)
+t0 = time.monotonic()
+stopped = processes.stop(state, "family")
+print(json.dumps({"stopped": stopped, "seconds": time.monotonic() - t0}))
+"""
+_NON_REAPING_INIT = """
+import ctypes, subprocess, sys
+if ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER: orphans below come to us
+    sys.exit(3)
+sys.exit(subprocess.run([sys.executable, "-c", sys.argv[1], sys.argv[2]]).returncode)  # reaps only that child
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_stop_does_not_wait_for_a_zombie_nobody_reaps(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _NON_REAPING_INIT, _STOP_UNDER_A_NON_REAPING_INIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["stopped"]
+    # SIGTERM ends both at once; waiting for the orphaned zombie to vanish took the 15 s timeout plus 5 s
+    assert result["seconds"] < 5, result

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentlake.stack import postgres
+from agentlake.stack import postgres, processes
 from agentlake.stack.objectstore import weed_binary
 from agentlake.stack.ports import free_port
 
@@ -61,8 +61,7 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
         down = _cli(env, "down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert all(part in down.stdout for part in parts), down.stdout
-    gone, alive = psutil.wait_procs(list(family), timeout=10)
-    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], "down must stop every child it started"
+    assert not processes.wait_exited(list(family), 10), "down must stop every child it started"
     assert not list((tmp_path / "state/run").glob("*.json"))
     if weed_binary():
         assert any((tmp_path / "state/objectstore").iterdir()), "the broker's log stays on disk"
