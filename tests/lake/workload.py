@@ -642,6 +642,7 @@ def reference_trajectories(rollouts: Sequence[RolloutSpec]) -> dict[Any, dict[st
                     "input_messages": None if c.messages_in is None else json.dumps(c.messages_in),
                     "output_messages": None if c.messages_out is None else json.dumps(c.messages_out),
                     "policy_sha256": c.policy_sha256,
+                    "tools": None,  # the workload's calls declare no tools
                 }
                 for i, c in enumerate(r.calls)
             ],
