@@ -9,23 +9,33 @@ call is recorded as the same call without streaming.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 
-def tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    """One tool call in OpenAI chat format: ``{"id", "type": "function", "function": {"name", "arguments"}}``."""
-    function = call.get("function") if isinstance(call.get("function"), Mapping) else {}
-    assert isinstance(function, Mapping)
-    arguments = function.get("arguments")
+def as_json_text(v: Any) -> str:
+    """``v`` as text: a string as recorded, anything else as its JSON (non-ASCII kept)."""
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """One tool call in the lake's shape, for recorders and decoders alike (a missing id stays null:
+    stored, not rejected; arguments that are not text are written as their JSON)."""
     return {
-        "id": call.get("id") if isinstance(call.get("id"), str) else None,
+        "id": None if call_id is None else str(call_id),
         "type": "function",
         "function": {
-            "name": function.get("name") if isinstance(function.get("name"), str) else None,
-            "arguments": arguments if isinstance(arguments, str) else ("" if arguments is None else str(arguments)),
+            "name": "" if name is None else str(name),
+            "arguments": as_json_text(arguments) if arguments is not None else "",
         },
     }
+
+
+def _reply_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    fn: Mapping[str, Any] = function if isinstance(function, Mapping) else {}
+    return tool_call(call.get("id"), fn.get("name"), fn.get("arguments"))
 
 
 def reply_message(message: Mapping[str, Any] | None, *, text: str | None = None) -> dict[str, Any]:
@@ -33,7 +43,7 @@ def reply_message(message: Mapping[str, Any] | None, *, text: str | None = None)
     if message is None:
         return {"role": "assistant", "content": text}
     calls = message.get("tool_calls")
-    calls = [tool_call(c) for c in calls if isinstance(c, Mapping)] if isinstance(calls, list) else []
+    calls = [_reply_tool_call(c) for c in calls if isinstance(c, Mapping)] if isinstance(calls, list) else []
     content = message.get("content")
     out: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
     if calls:

@@ -22,17 +22,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+# one definition of a tool call's shape, shared with the recorders (the SDK, the gateway)
+from schemas.chat_messages import as_json_text as as_json_text
+from schemas.chat_messages import tool_call as tool_call
+
 Message = dict[str, Any]
 Tool = dict[str, Any]
 
 
 class MalformedMessages(ValueError):
     """A message or tool attribute that cannot be read as messages; its text names the attribute."""
-
-
-def as_json_text(v: Any) -> str:
-    """``v`` as text: a string as recorded, anything else as its JSON (non-ASCII kept)."""
-    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
 
 
 def text_of(content: Any) -> str | None:
@@ -53,18 +52,6 @@ def _part_text(part: Any) -> str | None:
             if isinstance(part.get(key), str):
                 return str(part[key])
     return None
-
-
-def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
-    """One tool call in the internal shape (a missing id stays null: stored, not rejected)."""
-    return {
-        "id": None if call_id is None else str(call_id),
-        "type": "function",
-        "function": {
-            "name": "" if name is None else str(name),
-            "arguments": as_json_text(arguments) if arguments is not None else "",
-        },
-    }
 
 
 def message(
