@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -36,6 +37,7 @@ from schemas.local_store import (  # noqa: F401 - the store's layout, shared wit
 
 OBJECTSTORE_DIR = "objectstore"
 BROKER_BUCKET = "tansu"
+READY_PROBE = "_agentlake/ready"  # the object `ensure_bucket` round-trips before calling a bucket served
 PORT_NAMES = ("s3", "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3_grpc")
 
 
@@ -135,13 +137,30 @@ def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0) -> Non
     while time.monotonic() < deadline:
         try:
             fs.create_dir(bucket)
-            if fs.get_file_info(bucket).type == pafs.FileType.Directory:
+            if fs.get_file_info(bucket).type != pafs.FileType.Directory:
+                last = "created, but not listed yet"
+            elif _round_trips(fs, f"{bucket}/{READY_PROBE}"):
                 return
-            last = "created, but not listed yet"
+            else:
+                last = "the bucket is listed, but an object written to it does not read back yet"
         except OSError as exc:
             last = str(exc)
         time.sleep(0.3)
-    raise StackError(f"the object store at {endpoint} did not create bucket {bucket!r} in {timeout_s:.0f}s: {last}")
+    raise StackError(f"the object store at {endpoint} did not serve bucket {bucket!r} in {timeout_s:.0f}s: {last}")
+
+
+def _round_trips(fs: Any, path: str) -> bool:
+    """Write a probe object and read it back.
+
+    Why: a restarted store lists buckets (the filer) seconds before it can serve objects' bytes (the
+    volume server registers with the master on its first heartbeat); until then a GET answers 500.
+    A write needs a registered volume server, so a probe that round-trips means reads work too.
+    """
+    body = f"{time.time_ns()}".encode()
+    with fs.open_output_stream(path) as out:
+        out.write(body)
+    with fs.open_input_stream(path) as src:
+        return bool(src.read() == body)
 
 
 def s3_env(endpoint: str) -> dict[str, str]:
