@@ -25,6 +25,7 @@ from dagster import (
 from pipelines.bronze.offset_hints import end_offsets_hint
 from pipelines.bronze.positions import app_id, positions
 from pipelines.defs.assets.policy import GPU_TAGS
+from pipelines.defs.health import health_selection
 from pipelines.defs.resources import CreditResource, KafkaResource, LakeResource, TrainerResource
 from pipelines.gold.reward_horizon import horizon_due
 from pipelines.lake.retention import maintain
@@ -32,8 +33,9 @@ from schemas.config import Settings
 from schemas.lake import Lake
 
 ingest_job = define_asset_job("ingest", selection=AssetSelection.groups("bronze"))
-lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold"))
-policy_job = define_asset_job("train", selection=AssetSelection.groups("policy"), tags=GPU_TAGS)
+# The collapse checks are left out: health_sensor runs them after every write (pipelines.defs.health).
+lake_job = define_asset_job("lake", selection=AssetSelection.groups("bronze", "silver", "gold") - health_selection)
+policy_job = define_asset_job("train", selection=AssetSelection.groups("policy") - health_selection, tags=GPU_TAGS)
 
 # Evaluates the eager conditions on trajectories and transitions. Dagster creates a default one
 # too, but it starts switched off; this one is on as soon as `dagster dev` or the daemon runs.

@@ -15,13 +15,14 @@ from pipelines.defs.automation import (
     training_schedule,
 )
 from pipelines.defs.checks import all_checks
+from pipelines.defs.health import health_checks, health_job, health_sensor
 from pipelines.defs.resources import resources_from_settings
 
 defs = Definitions(
     assets=all_assets,
-    asset_checks=all_checks,
-    jobs=[ingest_job, lake_job, policy_job, maintenance_job],
-    sensors=[kafka_sensor, lake_automation_sensor, enough_transitions_sensor],
+    asset_checks=[*all_checks, *health_checks],
+    jobs=[ingest_job, lake_job, policy_job, maintenance_job, health_job],
+    sensors=[kafka_sensor, lake_automation_sensor, enough_transitions_sensor, health_sensor],
     schedules=[nightly_maintenance, training_schedule()],
     resources=resources_from_settings(),
     # One process per run, not per step: a step's own process costs an import of the code location

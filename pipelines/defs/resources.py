@@ -26,7 +26,7 @@ from pipelines.bronze.offset_hints import make_consumer
 from pipelines.gold.estimators import get_estimator
 from pipelines.gold.retokenize import Retokenizer, chat_template_file, load, tokenizer_dir
 from pipelines.gold.token_check import TokenizeEndpoint
-from schemas.config import CreditSettings, JudgeSettings, KafkaSettings, Settings, load_settings
+from schemas.config import CreditSettings, HealthSettings, JudgeSettings, KafkaSettings, Settings, load_settings
 from schemas.config.loading import ENV_PREFIX
 from schemas.errors import ConfigError, LakeError
 from schemas.lake import Lake
@@ -218,6 +218,15 @@ class TrainerResource(ConfigurableResource):
         )
 
 
+class HealthResource(ConfigurableResource):
+    """The collapse checks' thresholds (``[health]`` settings, ``pipelines.defs.health``), validated when read."""
+
+    health: dict[str, Any] = {}
+
+    def settings(self) -> HealthSettings:
+        return HealthSettings(**self.health)
+
+
 def resources_from_settings(settings: Settings | None = None) -> dict[str, ConfigurableResource]:
     """Resources for the code location, read from agentlake.toml and the environment."""
     s = settings or load_settings()
@@ -268,4 +277,5 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             state_dir=str(s.state.dir),
             gateway_admin_token=secret_env("gateway", "admin_token", admin) if admin else "",
         ),
+        "health": HealthResource(health=s.health.model_dump(mode="json")),
     }

@@ -3,7 +3,7 @@
 The public API is here: the section classes and ``load_settings``. Inside, one module per concern:
 
 - a module per group of sections (``lake``, ``kafka``, ``servers``, ``serving``, ``dagster``, ``training``,
-  ``judge``, ``redaction``), gathered by ``settings.Settings``;
+  ``judge``, ``redaction``, ``health``), gathered by ``settings.Settings``;
 - ``loading``: defaults, the running stack, the TOML file and the environment merged, errors named;
 - ``secrets``: which settings are secrets, hidden in every error;
 - ``stack_file``: the running local stack's file and its reader.
@@ -12,6 +12,7 @@ A new setting goes in its section's module; a new section also gets a field in `
 """
 
 from schemas.config.dagster import DagsterSettings
+from schemas.config.health import HealthSettings
 from schemas.config.judge import JudgeSettings
 from schemas.config.kafka import KafkaSettings
 from schemas.config.lake import LakeSettings, StateSettings
@@ -27,6 +28,7 @@ __all__ = [
     "CreditSettings",
     "DagsterSettings",
     "GatewaySettings",
+    "HealthSettings",
     "JudgeSettings",
     "KafkaSettings",
     "LakeSettings",

@@ -6,6 +6,7 @@ from pydantic import Field
 
 from schemas.config.base import Section
 from schemas.config.dagster import DagsterSettings
+from schemas.config.health import HealthSettings
 from schemas.config.judge import JudgeSettings
 from schemas.config.kafka import KafkaSettings
 from schemas.config.lake import LakeSettings, StateSettings
@@ -29,3 +30,4 @@ class Settings(Section):
     credit: CreditSettings = Field(default_factory=CreditSettings)
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
