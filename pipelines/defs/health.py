@@ -18,8 +18,8 @@ from typing import Any
 import polars as pl
 from dagster import (
     AssetCheckResult,
-    AssetCheckSeverity,
     AssetChecksDefinition,
+    AssetCheckSeverity,
     AssetSelection,
     DefaultSensorStatus,
     MetadataValue,
