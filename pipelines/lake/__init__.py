@@ -1,1 +1,1 @@
-"""Operations on the whole lake: forget (erasure), retention, replay from Kafka, queries."""
+"""Operations on the whole lake: forget (erasure), retention, replay from Kafka, queries, health (collapse signals)."""
