@@ -5,6 +5,7 @@ sensor that starts them on each new table version; their settings' validation.""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,37 @@ def test_the_lake_and_train_jobs_leave_the_checks_to_the_sensor() -> None:
 def test_bad_thresholds_are_config_errors(tmp_path: Path, health: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _settings(tmp_path, health)
+
+
+@pytest.mark.slow  # a real training round on a tiny model: torch, a few seconds
+def test_the_checks_read_what_a_real_round_records(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The keys a round writes to model_versions.metrics are the ones the checks read: measured, not skipped."""
+    from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+    from trainer.config import TrainConfig
+    from trainer.round import train_once
+
+    settings = _settings(tmp_path)
+    tok = build_tokenizer()
+    prompt, good, bad = (tok(w)["input_ids"] for w in ("what is two plus three", "good yes", "bad"))
+    rows = [transition(i, prompt, good if i % 2 else bad, advantage=1.0 if i % 2 else -1.0) for i in range(8)]
+    write_transitions(settings.lake.root, rows)
+    cfg = TrainConfig(
+        lake_root=settings.lake.root,
+        base_model=str(tiny_model_dir),
+        checkpoint_dir=str(tmp_path / "models"),
+        min_new_transitions=1,
+        lora_rank=4,
+        batch_size=8,
+        max_steps=1,
+        kl_coef=0.1,
+        progress=False,
+    )
+    assert train_once(cfg=cfg).version == "v0001"
+    recorded = Registry(Lake(settings.lake.root)).get("v0001")["metrics"]
+    evals = run_checks(settings)
+    for name, key in (("kl", "kl"), ("ratio", "ratio"), ("clip_frac", "clip_frac")):
+        ev = evals[f"model_versions_{name}"]
+        assert ev.passed and not meta(ev)["skipped"], name
+        assert meta(ev)[key] == pytest.approx(json.loads(recorded)[f"final_{key}"]), name
+    entropy = meta(evals["model_versions_entropy"])
+    assert entropy["skipped"] == ("final_entropy" not in recorded)  # measured once the round logs entropy
