@@ -62,7 +62,8 @@ def result(finding: signals.Finding, cfg: HealthCheckSettings, section: str) -> 
 
 
 def _versions(lake: Lake) -> pl.DataFrame:
-    return signals.version_frame(Registry(lake).rows())
+    rows = Registry(lake).rows()
+    return signals.version_frame(rows, signals.held_out_scores(lake, rows))
 
 
 def _transitions(lake: Lake) -> pl.LazyFrame | None:

@@ -10,7 +10,8 @@ signal returns a ``Finding``: whether it fired, a sentence saying what was measu
 - from ``transitions``: the zero-advantage share of the newest policy version's rows, and each agent's
   reward distribution shift (newest rollouts against the ones before, a two-sample KS statistic);
 - both: reward hacking, the training reward of the rollouts a version sampled rising across a line's
-  last versions while their held-out eval falls (``held_out_scores`` is the one place that reads it).
+  last versions while their held-out eval falls (``held_out_scores`` is the one place that reads it: the
+  ``evaluations`` table, else the eval gate's scores in ``model_versions.metrics``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from schemas.config.health import (
     RewardShiftCheck,
     ZeroAdvantageCheck,
 )
+from schemas.lake import Lake
+from schemas.tables import base_table
 
 SINGLE_POLICY = "policy"  # the name a finding gives the single policy's line (model_versions.agent null)
 BASE_MODEL = "(base model)"  # the name of rows sampled with no policy version
@@ -45,6 +48,8 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "ratio": ("final_ratio", "ratio"),
     "clip_frac": ("final_clip_frac", "clip_frac"),
 }
+EVALUATIONS = "evaluations"  # held-out evaluations per version, where the lake has the table
+EVALUATION_COLUMNS = ["version", "task_set", "mean", "evaluated_at"]
 # Transitions columns the signals read.
 TRANSITION_COLUMNS = ["tenant", "rollout_id", "agent_name", "policy_version", "reward", "advantage", "created_at"]
 
@@ -66,11 +71,19 @@ def skipped(why: str, **values: Any) -> Finding:
 # --- sources ---------------------------------------------------------------------------------------
 
 
-def held_out_scores(registry_rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """{version: its held-out eval score}: the publish gate's ``eval_candidate`` in ``model_versions.metrics``.
+def held_out_scores(lake: Lake, registry_rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """{version: its held-out eval score}: the one place reward hacking reads held-out results from.
 
-    The one place reward hacking reads held-out results from; point it at the ``evaluations`` table
-    once that holds one row per version."""
+    From the ``evaluations`` table (one row per evaluation of a version) where it exists: per version the
+    mean of its latest evaluation on the task set evaluated last (scores of other task sets do not
+    compare). Else the publish gate's ``eval_candidate`` in ``model_versions.metrics``."""
+    scan = lake.scan(EVALUATIONS) if base_table(EVALUATIONS) is not None else None  # a lake without the table
+    if scan is not None and set(EVALUATION_COLUMNS) <= set(scan.collect_schema().names()):
+        evals = scan.select(EVALUATION_COLUMNS).filter(pl.col("mean").is_not_null()).sort("evaluated_at").collect()
+        if evals.height:
+            task_set = evals["task_set"][-1]
+            latest = evals.filter(pl.col("task_set") == task_set).group_by("version").agg(pl.col("mean").last())
+            return {str(v): float(m) for v, m in latest.iter_rows()}
     out: dict[str, float] = {}
     for row in registry_rows:
         value = _metrics(row).get("eval_candidate")
@@ -79,9 +92,12 @@ def held_out_scores(registry_rows: Iterable[Mapping[str, Any]]) -> dict[str, flo
     return out
 
 
-def version_frame(registry_rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
-    """One row per registered version: version, version_number, line, and each signal's metric (null: absent)."""
-    held_out = held_out_scores(registry_rows)
+def version_frame(
+    registry_rows: Sequence[Mapping[str, Any]], held_out: Mapping[str, float] | None = None
+) -> pl.DataFrame:
+    """One row per registered version: version, version_number, line, held-out score (``held_out_scores``)
+    and each signal's metric (null: absent)."""
+    held_out = held_out or {}
     records = []
     for row in registry_rows:
         metrics = _metrics(row)

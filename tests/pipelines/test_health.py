@@ -266,3 +266,37 @@ def test_the_checks_read_what_a_real_round_records(tmp_path: Path, tiny_model_di
         assert meta(ev)[key] == pytest.approx(json.loads(recorded)[f"final_{key}"]), name
     entropy = meta(evals["model_versions_entropy"])
     assert entropy["skipped"] == ("final_entropy" not in recorded)  # measured once the round logs entropy
+
+
+def test_held_out_scores_come_from_the_evaluations_table_else_the_eval_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an `evaluations` table, the gate's eval_candidate; with one, each version's latest mean on
+    the task set evaluated last (another task set's scores do not compare)."""
+    from deltalake import write_deltalake
+
+    from pipelines.lake.health import held_out_scores
+    from schemas.tables import TABLES
+
+    if "evaluations" not in TABLES:  # a lake from before the table (issue 26's evaluation adds it): known here
+        monkeypatch.setitem(TABLES, "evaluations", pa.schema([("version", pa.string()), ("mean", pa.float64())]))
+
+    lake = Lake(str(tmp_path / "lake"))
+    registry = Registry(lake)
+    for k, score in ((1, 0.5), (2, 0.4)):
+        registry.add(version=version_name(k), version_number=k, base_model="tiny", kind="lora", path="/m", metrics={})
+        registry.set_status(version_name(k), "published", metrics={"eval_candidate": score})
+    assert held_out_scores(lake, registry.rows()) == {"v0001": 0.5, "v0002": 0.4}
+
+    at = [T0 + dt.timedelta(minutes=m) for m in range(4)]
+    evaluations = pa.table(
+        {
+            "version": ["v0001", "v0002", "v0001", "v0002"],
+            "task_set": ["old", "old", "hard", "hard"],
+            "mean": [0.9, 0.95, 0.61, 0.72],
+            "evaluated_at": pa.array(at, pa.timestamp("us", tz="UTC")),
+            "n_tasks": [128, 128, 128, 128],
+        }
+    )
+    write_deltalake(lake.uri("evaluations"), evaluations)
+    assert held_out_scores(lake, registry.rows()) == {"v0001": 0.61, "v0002": 0.72}

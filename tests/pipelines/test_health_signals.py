@@ -68,11 +68,6 @@ def test_each_policy_line_is_judged_on_its_own_versions() -> None:
     assert finding.values["planner/entropy"] == 0.04 and finding.values["coder/entropy"] == 2.9
 
 
-def test_held_out_is_read_from_the_eval_gate_scores() -> None:
-    rows = versions({"eval_candidate": 0.5, "eval_serving": 0.4}, {"final_kl": 0.1})
-    assert health.held_out_scores(rows) == {"v0001": 0.5}
-
-
 def _transitions(rewards: list[float], advantages: list[float], version: str = "p@v0001") -> pl.DataFrame:
     return pl.DataFrame(
         {
@@ -133,8 +128,8 @@ def test_zero_advantage_reads_the_newest_policy_versions_rows_only() -> None:
 )
 def test_reward_hacking_never_fires_while_held_out_does_not_fall(train: list[float], held: list[float]) -> None:
     held = sorted(held)[: len(train)]  # non-decreasing held-out
-    rows = versions(*({"eval_candidate": h} for h in held))
-    frame = health.version_frame(rows)
+    rows = versions(*({} for _ in held))
+    frame = health.version_frame(rows, {r["version"]: h for r, h in zip(rows, held, strict=True)})
     rewards = pl.DataFrame(
         {"version": [r["version"] for r in rows], "train_reward": train, "rollouts": [8] * len(rows)}
     )
