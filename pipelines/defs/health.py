@@ -182,7 +182,8 @@ def table_versions(lake: Lake) -> dict[str, int | None]:
 
 @sensor(
     job=health_job,
-    minimum_interval_seconds=30,
+    # a run is a process importing the code location (seconds of CPU): not after every lake run of a busy loop
+    minimum_interval_seconds=120,
     default_status=DefaultSensorStatus.RUNNING,
     description="Runs the collapse checks when `transitions` or `model_versions` has a new Delta version.",
 )
