@@ -107,8 +107,10 @@ def version_frame(
             "line": row.get("agent") or SINGLE_POLICY,
             "held_out": held_out.get(str(row["version"])),
         }
+        unmeasured = not_measured(_json(row.get("config")))
         for name, keys in METRIC_KEYS.items():
-            rec[name] = next((float(metrics[k]) for k in keys if isinstance(metrics.get(k), int | float)), None)
+            value = next((float(metrics[k]) for k in keys if isinstance(metrics.get(k), int | float)), None)
+            rec[name] = None if name in unmeasured else value
         records.append(rec)
     schema = {"version": pl.String, "version_number": pl.Int64, "line": pl.String, "held_out": pl.Float64}
     schema.update(dict.fromkeys(METRIC_KEYS, pl.Float64))
@@ -131,8 +133,22 @@ def rollout_rewards(transitions: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def not_measured(config: Mapping[str, Any]) -> set[str]:
+    """The metrics a round with this config records as constants, not measurements: with ``kl_coef`` 0 no
+    reference model runs (KL 0); REINFORCE has no ratio to clip (ratio 1, clip fraction 0, KL 0)."""
+    out: set[str] = set()
+    if config.get("kl_coef") == 0:
+        out.add("kl")
+    if config.get("algorithm") == "reinforce":
+        out.update(("kl", "ratio", "clip_frac"))
+    return out
+
+
 def _metrics(row: Mapping[str, Any]) -> dict[str, Any]:
-    raw = row.get("metrics")
+    return _json(row.get("metrics"))
+
+
+def _json(raw: Any) -> dict[str, Any]:
     try:
         parsed = json.loads(raw) if isinstance(raw, str) and raw else {}
     except json.JSONDecodeError:
@@ -204,7 +220,7 @@ def kl_blowup(line: pl.DataFrame, cfg: KlCheck) -> Finding:
     """The newest version's KL to the reference model above ``max_kl``."""
     known = _last(line, "kl")
     if known.height == 0:
-        return skipped("no version recorded a KL", max_kl=cfg.max_kl)
+        return skipped("no version measured a KL (with trainer.kl_coef = 0 no reference model runs)", max_kl=cfg.max_kl)
     kl, version = float(known["kl"][-1]), known["version"][-1]
     values = {"version": version, "kl": kl, "max_kl": cfg.max_kl}
     return Finding(kl > cfg.max_kl, f"{version}'s KL {kl:.4g} (at most {cfg.max_kl:g})", values)

@@ -16,6 +16,8 @@ from pipelines.lake import health
 from schemas.config.health import (
     ClipFracCheck,
     EntropyCheck,
+    KlCheck,
+    RatioCheck,
     RewardHackingCheck,
     RewardShiftCheck,
     ZeroAdvantageCheck,
@@ -66,6 +68,20 @@ def test_each_policy_line_is_judged_on_its_own_versions() -> None:
     finding = health.per_line(health.version_frame(rows), lambda v: health.entropy_collapse(v, cfg))
     assert finding.fired and finding.description.startswith("planner: v0006's entropy 0.04")
     assert finding.values["planner/entropy"] == 0.04 and finding.values["coder/entropy"] == 2.9
+
+
+def test_metrics_a_round_records_as_constants_are_not_read_as_measurements() -> None:
+    """kl_coef 0: the recorded KL is 0 because no reference model ran; REINFORCE: ratio 1, clip fraction 0."""
+    metrics = {"final_kl": 0.0, "final_ratio": 1.0, "final_clip_frac": 0.0}
+    rows = versions(metrics)
+    rows[0]["config"] = json.dumps({"kl_coef": 0.0, "algorithm": "grpo"})
+    frame = health.version_frame(rows)
+    assert health.kl_blowup(frame, KlCheck()).skipped and not health.ratio_blowup(frame, RatioCheck()).skipped
+    rows[0]["config"] = json.dumps({"kl_coef": 0.1, "algorithm": "reinforce"})
+    frame = health.version_frame(rows)
+    assert health.ratio_blowup(frame, RatioCheck()).skipped and health.clip_frac_spike(frame, ClipFracCheck()).skipped
+    rows[0]["config"] = json.dumps({"kl_coef": 0.1, "algorithm": "ppo"})
+    assert not health.kl_blowup(health.version_frame(rows), KlCheck()).skipped
 
 
 def _transitions(rewards: list[float], advantages: list[float], version: str = "p@v0001") -> pl.DataFrame:
