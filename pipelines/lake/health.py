@@ -1,4 +1,5 @@
-"""Signals of a training run going wrong, computed from the lake: pure functions over Polars frames.
+"""Signals of a training run going wrong, computed from the lake: pure functions over Polars frames (and
+``held_out_scores``, the one source that reads the lake itself).
 
 Read by the collapse checks (``pipelines.defs.health``), thresholds from ``[health]`` settings. Each
 signal returns a ``Finding``: whether it fired, a sentence saying what was measured, and the values
@@ -163,6 +164,8 @@ def per_line(versions: pl.DataFrame, signal: Callable[[pl.DataFrame], Finding]) 
     """``signal`` on each policy line's versions (oldest first); it fires when any line's does.
 
     One line: its finding as it is. Several: values prefixed ``<line>/``, descriptions joined."""
+    if versions.height == 0:
+        return skipped("no model versions yet")
     return combine({line: signal(sub) for (line,), sub in versions.group_by("line", maintain_order=True)})
 
 
@@ -183,7 +186,7 @@ def combine(findings: Mapping[str, Finding]) -> Finding:
     )
 
 
-def _last(line: pl.DataFrame, column: str) -> pl.DataFrame:
+def _known(line: pl.DataFrame, column: str) -> pl.DataFrame:
     return line.filter(pl.col(column).is_not_null())
 
 
@@ -192,7 +195,7 @@ def _last(line: pl.DataFrame, column: str) -> pl.DataFrame:
 
 def entropy_collapse(line: pl.DataFrame, cfg: EntropyCheck) -> Finding:
     """The newest entropy below the floor, or fallen below ``drop_factor`` of the line's first versions'."""
-    known = _last(line, "entropy")
+    known = _known(line, "entropy")
     if known.height == 0:
         return skipped("no version recorded a response entropy (the trainer logged none)", floor=cfg.floor)
     entropies = known["entropy"].to_list()
@@ -218,7 +221,7 @@ def entropy_collapse(line: pl.DataFrame, cfg: EntropyCheck) -> Finding:
 
 def kl_blowup(line: pl.DataFrame, cfg: KlCheck) -> Finding:
     """The newest version's KL to the reference model above ``max_kl``."""
-    known = _last(line, "kl")
+    known = _known(line, "kl")
     if known.height == 0:
         return skipped("no version measured a KL (with trainer.kl_coef = 0 no reference model runs)", max_kl=cfg.max_kl)
     kl, version = float(known["kl"][-1]), known["version"][-1]
@@ -228,7 +231,7 @@ def kl_blowup(line: pl.DataFrame, cfg: KlCheck) -> Finding:
 
 def ratio_blowup(line: pl.DataFrame, cfg: RatioCheck) -> Finding:
     """The newest version's mean policy ratio outside [1 / max_ratio, max_ratio]."""
-    known = _last(line, "ratio")
+    known = _known(line, "ratio")
     if known.height == 0:
         return skipped("no version recorded a policy ratio", max_ratio=cfg.max_ratio)
     ratio, version = float(known["ratio"][-1]), known["version"][-1]
@@ -240,7 +243,7 @@ def ratio_blowup(line: pl.DataFrame, cfg: RatioCheck) -> Finding:
 
 def clip_frac_spike(line: pl.DataFrame, cfg: ClipFracCheck) -> Finding:
     """The newest clip fraction above ``max_clip_frac``, or a spike over the previous versions' median."""
-    known = _last(line, "clip_frac")
+    known = _known(line, "clip_frac")
     if known.height == 0:
         return skipped("no version recorded a clip fraction", max_clip_frac=cfg.max_clip_frac)
     fracs = known["clip_frac"].to_list()
