@@ -151,3 +151,17 @@ def test_reward_hacking_never_fires_while_held_out_does_not_fall(train: list[flo
     )
     finding = health.reward_hacking(frame, rewards, RewardHackingCheck(versions=3, min_train_rise=0, min_eval_drop=0))
     assert not finding.fired and not finding.skipped
+
+
+def test_the_reward_shift_is_per_agent() -> None:
+    """The planner's rewards jumped from 0 to 1; the coder's, mixed before and after, did not move: the
+    pooled rewards would blur the planner's shift, per agent it shows, and names the agent."""
+    steady = _transitions([0.0, 1.0] * 8, [0.5] * 16).with_columns(agent_name=pl.lit("coder"))
+    jumped = _transitions([0.0] * 8 + [1.0] * 8, [0.5] * 16).with_columns(
+        agent_name=pl.lit("planner"), rollout_id=pl.col("rollout_id") + "p"
+    )
+    cfg = RewardShiftCheck(window=8, min_rollouts=4, max_ks=0.5)
+    finding = health.reward_shift(health.rollout_rewards(pl.concat([steady, jumped])), cfg)
+    assert finding.fired and finding.description.startswith("planner: mean reward 0 -> 1")
+    assert finding.values["planner/ks"] == 1.0 and finding.values["coder/ks"] == 0.0
+    assert not health.reward_shift(health.rollout_rewards(steady), cfg).fired
