@@ -33,12 +33,13 @@ POLICY = "agentlake-policy"
 
 
 @contextmanager
-def running_gateway(tmp_path: Path, upstream: str, *, held: bool) -> Iterator[str]:
+def running_gateway(tmp_path: Path, upstream: str, *, held: bool, served_name: str = POLICY) -> Iterator[str]:
     """A real gateway on a free port in front of ``upstream``, policy line ``planner``; yields its URL."""
     settings = load_settings(
         environ={},
         overrides={
             "state": {"dir": str(tmp_path / "gw-state")},
+            "model": {"served_name": served_name},
             "gateway": {"upstreams": [upstream], "port": 0, "hold_until_restored": held},
             "trainer": {"agents": ["planner"]},
         },
@@ -159,7 +160,7 @@ def test_a_loader_loads_the_registrys_version_a_vllm_lacks_while_the_gateway_hol
         client.unload_lora(name)  # what a restarted vLLM serves: the base model alone
         [row] = policy_status(settings)
         assert (row.address, row.healthy) == (name, False) and row.detail == f"vLLM serves nothing; registry: {v1}"
-        with running_gateway(tmp_path, vllm_server.url, held=True) as gw:
+        with running_gateway(tmp_path, vllm_server.url, held=True, served_name=name) as gw:
             assert chat(gw, name).status_code == 503
             loader = Loader(
                 kafka=KafkaSettings(),  # unused: the registry alone says what to serve
