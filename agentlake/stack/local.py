@@ -526,8 +526,8 @@ def status(settings: Settings) -> list[PartStatus]:
     if (loader := processes.read(sdir, "loader")) is not None:
         rows.append(_http_status("loader", loader.address, loader, None))
     vllm_row = next(r for r in rows if r.name == "vllm")
-    if vllm_row.healthy or vllm_row.pid is None and http_ok(f"{v.url}/health"):
-        rows.extend(policy_status(settings))
+    if vllm_row.healthy or processes.read(sdir, "vllm") is not None or http_ok(f"{v.url}/health"):
+        rows.extend(policy_status(settings))  # a vLLM this stack started that died serves nothing
     return rows
 
 
@@ -535,16 +535,24 @@ def policy_status(settings: Settings) -> list[PartStatus]:
     """One row per policy line: what vLLM (``vllm.url``) serves next to the version the registry publishes;
     unhealthy when they differ (a vLLM that restarted without the registry's versions, say)."""
     from schemas.lake import Lake
-    from serving.restore import compare
+    from serving.errors import PublishError
+    from serving.restore import compare, serving_rows
     from serving.vllm_client import VllmClient
     from trainer.registry import Registry
 
-    v = settings.vllm
+    v, name = settings.vllm, settings.model.served_name
+    try:
+        registry = Registry(Lake.from_settings(settings)).rows()
+    except Exception as exc:  # noqa: BLE001 - the row says why; the other rows stand
+        return [PartStatus("policy", name, None, False, f"cannot read the registry: {exc}", True)]
     client = VllmClient(v.url, timeout_s=10.0, api_key=v.api_key())
     try:
-        lines = compare(client, Registry(Lake.from_settings(settings)).rows(), settings.model.served_name)
-    except Exception as exc:  # noqa: BLE001 - the row says why; the other rows stand
-        return [PartStatus("policy", settings.model.served_name, None, False, f"cannot compare: {exc}", True)]
+        lines = compare(client, registry, name)
+    except PublishError:  # vLLM does not answer: it serves none of what the registry publishes
+        return [
+            PartStatus("policy", line, None, False, f"vLLM does not answer; registry: {row['version']}", True)
+            for line, row in serving_rows(registry, name).items()
+        ]
     finally:
         client.close()
     rows = []

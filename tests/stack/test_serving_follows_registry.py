@@ -104,7 +104,8 @@ def test_serving_is_restored_after_down_up_and_after_a_vllm_kill(tmp_path: Path)
         _until("the gateway holds the policy names", lambda: _chat(gateway).status_code == 503, 60)
         held = _chat(gateway, "planner")
         assert held.status_code == 503 and int(held.headers["retry-after"]) > 0, held.text
-        assert _cli(env, "status").returncode == 1  # vLLM is down
+        status = _cli(env, "status")  # vLLM is down: it serves none of the registry's versions
+        assert status.returncode == 1 and "vLLM does not answer; registry: v0002" in status.stdout, status.stdout
         t0 = time.monotonic()
         up = _cli(env, "up", "--vllm", "--no-dagster")  # brings vLLM back; the loader sees it come back
         assert up.returncode == 0, up.stdout + up.stderr
@@ -112,6 +113,8 @@ def test_serving_is_restored_after_down_up_and_after_a_vllm_kill(tmp_path: Path)
         _until("the gateway lets agents through", lambda: _chat(gateway).status_code == 200, 60)
         print(f"vLLM killed, back and restored: {time.monotonic() - t0:.1f}s")
         assert _chat(gateway, "planner").status_code == 200
+        served = _cli(env, "model", "served")  # one vLLM, no release bus: vLLM next to the registry
+        assert served.returncode == 0 and served.stdout.count("current") == 2, served.stdout
 
         # vLLM serves something else than the registry (no loader to fix it): status turns unhealthy
         assert processes.stop(state, "loader")
