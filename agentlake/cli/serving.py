@@ -105,7 +105,11 @@ def served(config: str | None = ConfigOption) -> None:
         return
     from agentlake.stack.local import policy_status  # one vLLM: ask it, next to the registry
 
+    rows = policy_status(settings)
+    if not rows:
+        console.print("no replica has acked a release yet (serving.replicas empty, or no publish since)")
+        return
     lines = Table("served name", f"vLLM ({settings.vllm.url}) and the registry", "verdict")
-    for row in policy_status(settings):
+    for row in rows:
         lines.add_row(row.address, row.detail, "[green]current[/]" if row.healthy else "[red]differs[/]")
     console.print(lines)
