@@ -1,7 +1,9 @@
 """Pause and resume the gateway around a full-weight vLLM restart, so agents see latency, not errors.
 
 A paused gateway answers new calls 429 + Retry-After while in-flight ones finish; ``drain`` waits for
-those (``/admin/state``'s ``in_flight``) before vLLM goes down. The gateway is optional: one that is
+those (``/admin/state``'s ``in_flight``) before vLLM goes down. The same endpoints with ``?reason=restoring``
+(``GATEWAY_HOLD``, ``GATEWAY_RELEASE``) hold only the policy names, 503 + Retry-After, while a loader loads
+the registry's versions into a vLLM that came back without them. The gateway is optional: one that is
 absent, lacks the endpoint or refuses our token is logged and publishing goes on unpaused.
 """
 
@@ -18,6 +20,8 @@ log = logging.getLogger(__name__)
 GATEWAY_PAUSE = "/admin/pause"
 GATEWAY_RESUME = "/admin/resume"
 GATEWAY_STATE = "/admin/state"
+GATEWAY_HOLD = "/admin/pause?reason=restoring"
+GATEWAY_RELEASE = "/admin/resume?reason=restoring"
 
 
 def gateway_call(gateway_url: str | None, path: str, *, headers: Mapping[str, str] | None = None) -> bool:

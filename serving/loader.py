@@ -44,6 +44,15 @@ runs on restarts nothing, so a loader that restarts does not restart its vLLM ag
 checks that vLLM still serves each name it loaded: a vLLM that restarted (or was down when a command came)
 gets the latest command again, and a new ack says so. A command that failed while vLLM answered is not
 retried, so a version that cannot start never restarts vLLM in a loop.
+
+Serving follows the registry (``registry``, on unless ``serving.follow_registry`` is off): at start and every
+``resync_s``, each policy line's serving version in ``model_versions`` (serving.restore) that vLLM lacks (no
+adapter under the line's name: a vLLM that restarted, or came up with `agentlake up --vllm`) is released
+again, as a command of its own, acked like one. While vLLM is down or lacks one, the gateway in front
+(``gateway_url``) holds the policy names (503 + Retry-After, serving.gateway_pause); it is released once every
+line was tried. A version that failed while vLLM answered is not tried again until vLLM goes away. An adapter
+under the name, whatever its folder, is left alone: the publisher loads before it marks the registry, and a
+version that differs shows in `agentlake status`, not as a load fighting the publisher.
 """
 
 from __future__ import annotations
@@ -67,15 +76,17 @@ from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
 from serving.canary import EVALUATE, evaluate, evaluates_here
 from serving.errors import PublishError
-from serving.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, drain, gateway_call
+from serving.gateway_pause import GATEWAY_HOLD, GATEWAY_PAUSE, GATEWAY_RELEASE, GATEWAY_RESUME, drain, gateway_call
 from serving.releases import COMMANDS, UNLOAD, encode
 from serving.restart import command_restart
+from serving.restore import lacks, restore_commands
 from serving.vllm_client import VllmClient
 from trainer.artifacts import local_copy
 
 log = logging.getLogger(__name__)
 
 AckHook = Callable[[dict[str, Any]], None]  # called with each ack the loader sends (tests, the CLI's log)
+RegistryRows = Callable[[], list[dict[str, Any]]]  # the registry's rows (trainer.registry.Registry.rows)
 RESTART_SETTING = "serving.restart_command"  # named in the refusal of a full-weight version without one
 
 
@@ -172,12 +183,17 @@ class Loader:
     restart_timeout_s: float = 600.0  # vLLM's health after a restart
     gateway_url: str | None = None  # the gateway in front of this vLLM, paused around a restart
     gateway_headers: Mapping[str, str] = field(default_factory=dict)  # its admin token
+    registry: RegistryRows | None = None  # restore each line's serving version vLLM lacks (None: the bus only)
+    served_name: str = "agentlake-policy"  # model.served_name: the lines' names derive from it
     # served name -> (its latest command, whether to re-apply it when vLLM lists no adapter under the name:
     # it was loaded, or vLLM was down when it came; not after the command itself failed)
     _latest: dict[str, tuple[dict[str, Any], bool]] = field(default_factory=dict, init=False, repr=False)
     _hashes: ManifestHashes = field(default_factory=ManifestHashes, init=False, repr=False)
     # the folder vLLM ran when this loader first read it: where an unload of full weights goes back to
     _base_folder: str | None = field(default=None, init=False, repr=False)
+    _held: bool = field(default=False, init=False, repr=False)  # the gateway holds the policy names for us
+    # (served name, version) restored from the registry that failed while vLLM answered: not tried again
+    _given_up: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
 
     @classmethod
     def from_settings(
@@ -212,6 +228,9 @@ class Loader:
             restart_timeout_s=serving.restart_timeout_s,
             gateway_url=gateway_url or serving.gateway_url or None,
             gateway_headers=settings.gateway.admin_headers(),
+            registry=_registry_rows(settings) if serving.follow_registry else None,
+            served_name=settings.model.served_name,
+            resync_s=serving.resync_s,
         )
 
     def _client(self) -> VllmClient:
@@ -403,6 +422,7 @@ class Loader:
             self._base_folder = self._base_folder or self._first_base()
             for event in latest_releases(self._catch_up(consumer), self.replica).values():
                 self._apply(producer, event, on_ack)
+            self.follow_registry(lambda ack: self._answer(producer, ack, on_ack))
             log.info("%s: following %s", self.replica, self.kafka.models_topic)
             checked = time.monotonic()
             while not stop.is_set():
@@ -420,6 +440,7 @@ class Loader:
                             event["version"],
                         )
                         self._apply(producer, event, on_ack)
+                    self.follow_registry(lambda ack: self._answer(producer, ack, on_ack))
                     checked = time.monotonic()
         finally:
             consumer.close()
@@ -430,6 +451,70 @@ class Loader:
         ack = self.handle(event)
         self._answer(producer, ack, on_ack)
         self._latest[str(event["served_name"])] = (event, ack["ok"] or not self._vllm_up())
+
+    # -- the registry ----------------------------------------------------------------------------
+    def follow_registry(self, answer: AckHook | None = None) -> list[dict[str, Any]]:
+        """Release again each line's registry version that vLLM lacks, holding the gateway's policy names
+        meanwhile (and while vLLM is down); the acks of what it released (each also given to ``answer``)."""
+        if self.registry is None:
+            return []
+        if not self._vllm_up():
+            self._given_up.clear()  # a vLLM that comes back gets every version tried again
+            self._hold(True)
+            return []
+        try:
+            commands = restore_commands(self.registry(), self.served_name)
+            client = self._client()
+            try:
+                lacking = [c for c in commands if (c["served_name"], c["version"]) not in self._given_up]
+                lacking = [c for c in lacking if lacks(client, c)]
+            finally:
+                client.close()
+        except Exception as exc:  # a registry or vLLM that cannot be read now: try again at the next resync
+            log.warning("%s: cannot compare vLLM with the registry: %s", self.replica, _error_text(exc))
+            self._hold(False)  # never hold agents on what cannot be read
+            return []
+        acks = []
+        if lacking:
+            self._hold(True)
+        for command in lacking:
+            log.warning(
+                "%s: vLLM lacks %s of %s (the registry serves it); loading it again",
+                self.replica,
+                command["version"],
+                command["served_name"],
+            )
+            ack = self.handle(command)
+            if not ack["ok"] and self._vllm_up():
+                self._given_up.add((str(command["served_name"]), str(command["version"])))
+            acks.append(ack)
+            if answer is not None:
+                answer(ack)
+        self._hold(False)
+        return acks
+
+    def _hold(self, on: bool) -> None:
+        """Hold (or release) the gateway's policy names; a gateway that restarted held is released too."""
+        if not self.gateway_url:
+            return
+        if not on and not self._held:
+            self._held = self._gateway_restoring()
+        if on != self._held and gateway_call(
+            self.gateway_url, GATEWAY_HOLD if on else GATEWAY_RELEASE, headers=self.gateway_headers
+        ):
+            self._held = on
+            log.info("%s: gateway %s the policy names", self.replica, "holds" if on else "released")
+
+    def _gateway_restoring(self) -> bool:
+        """Whether the gateway holds the policy names now (started so: ``gateway.hold_until_restored``)."""
+        import httpx
+
+        assert self.gateway_url is not None
+        try:
+            resp = httpx.get(f"{self.gateway_url.rstrip('/')}/health", timeout=5.0)
+            return bool(resp.json().get("restoring"))
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
 
     def _vllm_up(self) -> bool:
         client = self._client()
@@ -515,3 +600,14 @@ class Loader:
             log.warning("%s: ack for %s not sent: %s", self.replica, ack["release_id"], exc)
         if on_ack is not None:
             on_ack(ack)
+
+
+def _registry_rows(settings: Settings) -> RegistryRows:
+    """The registry's rows, read afresh at each call from the settings' lake."""
+    from schemas.lake import Lake
+    from trainer.registry import Registry
+
+    def rows() -> list[dict[str, Any]]:
+        return Registry(Lake.from_settings(settings)).rows()
+
+    return rows

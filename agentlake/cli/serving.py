@@ -97,7 +97,19 @@ def served(config: str | None = ConfigOption) -> None:
     """What each vLLM replica serves, as its loader last acked (the served_versions table)."""
     settings = settings_or_exit(config)
     table = served_table(settings)
-    if table is None:
+    if table is not None:
+        console.print(table)
+        return
+    if settings.serving.replicas:
+        console.print("no replica has acked a release yet (no publish since)")
+        return
+    from agentlake.stack.local import policy_status  # one vLLM: ask it, next to the registry
+
+    rows = policy_status(settings)
+    if not rows:
         console.print("no replica has acked a release yet (serving.replicas empty, or no publish since)")
         return
-    console.print(table)
+    lines = Table("served name", f"vLLM ({settings.vllm.url}) and the registry", "verdict")
+    for row in rows:
+        lines.add_row(row.address, row.detail, "[green]current[/]" if row.healthy else "[red]differs[/]")
+    console.print(lines)

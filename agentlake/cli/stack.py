@@ -37,6 +37,8 @@ def _render(rows: list[local.PartStatus]) -> Table:
         table.add_column(col)
     for r in rows:
         health = "[green]healthy[/]" if r.healthy else ("[red]down[/]" if r.pid or r.name == "broker" else "-")
+        if r.checked:  # a policy line: vLLM serves the registry's version, or not
+            health = "[green]current[/]" if r.healthy else "[red]differs[/]"
         table.add_row(r.name, r.address, str(r.pid or "-"), health, r.detail)
     return table
 
@@ -82,7 +84,7 @@ def status(config: str | None = ConfigOption) -> None:
     rows = [replace(r, detail=f"{spill}; {r.detail}") if r.name == "gateway" and spill else r for r in rows]
     console.print(_render(rows))
     _print_replicas(settings)
-    started = [r for r in rows if r.pid]
+    started = [r for r in rows if r.pid or r.checked]
     if started and not all(r.healthy for r in started):
         raise typer.Exit(1)
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from schemas.config import KafkaSettings, TlsServerSettings
+from schemas.config import GatewaySettings, KafkaSettings, TlsServerSettings
 from schemas.kafka import kafka_python_config
 
 
@@ -71,6 +71,17 @@ def gateway_spill(url: str, *, timeout_s: float = 2.0, verify: bool = True) -> s
     if spill.get("last_error"):
         line += f" ({spill['last_error']})"
     return line
+
+
+def gateway_restoring(server: GatewaySettings, *, timeout_s: float = 2.0) -> bool:
+    """True while the gateway holds the policy names (a loader restoring the registry's versions); its
+    /health says so to anyone."""
+    url = f"{server.url}/health"
+    try:
+        r = httpx.get(url, timeout=timeout_s, verify=False)
+        return bool(r.json().get("restoring")) if r.is_success else False
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
 
 
 def _size(n: Any) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from agentlake.stack import dagster, objectstore, postgres, processes
 from agentlake.stack.broker import broker_argv, durable_storage, ensure_topics
 from agentlake.stack.discovery import write_stack_file
-from agentlake.stack.health import http_ok, kafka_ok, server_ok
+from agentlake.stack.health import gateway_restoring, http_ok, kafka_ok, server_ok
 from agentlake.stack.ports import free_port, port_free, wait_for_port
 from agentlake.stack.processes import StackError
 from schemas.config import Settings
@@ -65,6 +65,7 @@ class PartStatus:
     pid: int | None
     healthy: bool
     detail: str = ""
+    checked: bool = False  # counts toward the stack's health without a process of its own (a policy line)
 
 
 def state_dir(settings: Settings) -> Path:
@@ -376,27 +377,48 @@ def up(
             _start_vllm(settings)
             g = settings.gateway
             on_step("gateway")
+            gateway_env = {**env, "AGENTLAKE_GATEWAY__UPSTREAMS": f'["{settings.vllm.url}"]'}
+            restores = settings.serving.loader and settings.serving.follow_registry
+            if restores:  # policy names wait (503) until the loader restored the registry's versions
+                gateway_env["AGENTLAKE_GATEWAY__HOLD_UNTIL_RESTORED"] = "true"
             _start_if_needed(
                 settings,
                 "gateway",
                 [sys.executable, "-m", "collectors.gateway"],
                 g.url,
                 lambda: server_ok(g, f"{g.url}/health"),
-                {**env, "AGENTLAKE_GATEWAY__UPSTREAMS": f'["{settings.vllm.url}"]'},
+                gateway_env,
                 60,
             )
-            if settings.serving.loader:  # the release bus's loader beside this vLLM (serving.loader)
+            if settings.serving.loader:  # the loader beside this vLLM, as beside each replica (serving.loader)
                 on_step("loader")
                 replica = settings.serving.replica or LOCAL_REPLICA
                 argv = [sys.executable, "-m", "agentlake", "loader", "--replica", replica]
-                argv += ["--vllm-url", settings.vllm.url]
+                argv += ["--vllm-url", settings.vllm.url, "--gateway-url", g.url]
                 _start_if_needed(settings, "loader", argv, f"replica {replica}", lambda: True, env, 30)
+                if restores:
+                    on_step("restoring the registry's versions")
+                    _wait_restored(settings)
         write_stack_file(state_dir(settings), settings, bootstrap)
     except BaseException:
         # Leave nothing half-started behind a failed `up`.
         down(settings)
         raise
     return status(settings)
+
+
+def _wait_restored(settings: Settings) -> None:
+    """Wait until the loader has loaded the registry's versions into vLLM: the gateway no longer holds the
+    policy names (serving.loader releases them once every line was tried)."""
+    g = settings.gateway
+    proc = processes.read(state_dir(settings), "loader")
+    assert proc is not None
+    timeout_s = settings.serving.restart_timeout_s
+
+    def released() -> bool:
+        return server_ok(g, f"{g.url}/health") and not gateway_restoring(g)
+
+    _wait("the loader (restoring the registry's versions into vLLM)", released, proc, timeout_s)
 
 
 def _start_dagster(settings: Settings, env: dict[str, str], on_step: Callable[[str], None]) -> None:
@@ -503,6 +525,40 @@ def status(settings: Settings) -> list[PartStatus]:
         rows.append(_http_status(name, address, proc, probe))
     if (loader := processes.read(sdir, "loader")) is not None:
         rows.append(_http_status("loader", loader.address, loader, None))
+    vllm_row = next(r for r in rows if r.name == "vllm")
+    if vllm_row.healthy or processes.read(sdir, "vllm") is not None or http_ok(f"{v.url}/health"):
+        rows.extend(policy_status(settings))  # a vLLM this stack started that died serves nothing
+    return rows
+
+
+def policy_status(settings: Settings) -> list[PartStatus]:
+    """One row per policy line: what vLLM (``vllm.url``) serves next to the version the registry publishes;
+    unhealthy when they differ (a vLLM that restarted without the registry's versions, say)."""
+    from schemas.lake import Lake
+    from serving.errors import PublishError
+    from serving.restore import compare, serving_rows
+    from serving.vllm_client import VllmClient
+    from trainer.registry import Registry
+
+    v, name = settings.vllm, settings.model.served_name
+    try:
+        registry = Registry(Lake.from_settings(settings)).rows()
+    except Exception as exc:  # noqa: BLE001 - the row says why; the other rows stand
+        return [PartStatus("policy", name, None, False, f"cannot read the registry: {exc}", True)]
+    client = VllmClient(v.url, timeout_s=10.0, api_key=v.api_key())
+    try:
+        lines = compare(client, registry, name)
+    except PublishError:  # vLLM does not answer: it serves none of what the registry publishes
+        return [
+            PartStatus("policy", line, None, False, f"vLLM does not answer; registry: {row['version']}", True)
+            for line, row in serving_rows(registry, name).items()
+        ]
+    finally:
+        client.close()
+    rows = []
+    for line in lines:
+        detail = f"vLLM serves {line.serving or 'nothing'}; registry: {line.registry or 'nothing published'}"
+        rows.append(PartStatus("policy", line.served_name, None, line.current, detail, True))
     return rows
 
 

@@ -12,7 +12,10 @@ has a policy line of its own (``trainer.agents``), a call to ``model.served_name
 line's adapter, ``<served_name>-<agent>`` (``recording.route_model``), and records that line's version.
 
 ``pause`` answers new calls 429 + Retry-After while in-flight calls finish, so weights can be
-swapped under a quiet server. A rollout that only the gateway sees (the client names it by header
+swapped under a quiet server. ``hold`` (the pause's ``restoring`` reason) answers calls to a policy name
+(``model.served_name`` and its lines') 503 + Retry-After while a loader loads the registry's serving versions
+into a vLLM that came up without them (serving.loader), so agents wait rather than get vLLM's 404; calls to
+the base model pass. A rollout that only the gateway sees (the client names it by header
 or ``/rollout/{id}/`` path and sends no ``traceparent``) has no root span of its own, so it runs
 until ``POST /rollout/{id}/end`` (status, optional reward) or the pipeline's idle timeout ends it.
 """
@@ -105,6 +108,8 @@ class Gateway:
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
         self.paused = False
+        self.restoring = settings.gateway.hold_until_restored  # policy names answer 503 until a loader restores
+        self.retry_after_s = settings.gateway.restoring_retry_after_s
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -122,6 +127,18 @@ class Gateway:
     def resume(self) -> None:
         self.paused = False
         self._models.clear()  # weights may have changed while paused
+
+    def hold(self) -> None:
+        """Answer policy-name calls 503 until ``release``: vLLM lacks the registry's versions (serving.loader)."""
+        self.restoring = True
+
+    def release(self) -> None:
+        self.restoring = False
+        self._models.clear()  # the adapters were loaded again, maybe from other folders
+
+    def is_policy(self, model: object) -> bool:
+        """Whether ``model`` names a policy (the single one or a line's), not the base model."""
+        return isinstance(model, str) and (model == self.served_name or model.startswith(f"{self.served_name}-"))
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """True once no call is in flight (within ``timeout_s``)."""
@@ -232,6 +249,13 @@ class Gateway:
         body, agent = route_model(
             body, request.headers.get(AGENT_HEADER), served_name=self.served_name, lines=self.lines
         )
+        if self.restoring and self.is_policy(body.get("model")):
+            return openai_error(
+                503,
+                f"{body['model']} is being loaded again after vLLM restarted; retry shortly",
+                "unavailable",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
         ids = self._ids(request)
         if agent:
             ids[A.AGENT_NAME] = agent

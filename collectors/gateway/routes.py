@@ -6,7 +6,8 @@ collector's bearer tokens (collectors.gateway.auth), and each call's spans carry
 The pipeline keys every rollout by (tenant, rollout id), so a rollout id is the caller's own: tenant
 B naming a rollout id tenant A uses gets a rollout of its own under that id, and can neither add
 calls to A's rollout nor end or reward it. ``/admin/pause|resume|state`` take the admin token only;
-``/health`` answers anyone, with the full state for the admin.
+``/health`` answers anyone, with the full state for the admin. ``?reason=restoring`` on pause and resume
+holds and releases only the policy names (503 + Retry-After: a loader restoring the registry's versions).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collectors.gateway.proxy import Gateway
 from collectors.gateway.replies import ERROR_KINDS, openai_error
 
 _MAX_PAUSE_WAIT_S = 3600.0
+RESTORING = "restoring"  # the pause reason of a loader restoring the registry's versions (serving.gateway_pause)
 
 
 TenantHandler = Callable[[Request, str], Awaitable[Response]]
@@ -69,6 +71,9 @@ def create_app(gateway: Gateway) -> Starlette:
         return await gateway.models(request)
 
     async def pause(request: Request) -> Response:
+        if request.query_params.get("reason") == RESTORING:
+            gateway.hold()
+            return JSONResponse(_state(gateway))
         wait = request.query_params.get("wait")
         seconds = 0.0
         if wait:
@@ -82,8 +87,11 @@ def create_app(gateway: Gateway) -> Starlette:
         idle = await gateway.wait_idle(seconds) if wait else True
         return JSONResponse(_state(gateway) | {"idle": idle})
 
-    async def resume(_: Request) -> Response:
-        gateway.resume()
+    async def resume(request: Request) -> Response:
+        if request.query_params.get("reason") == RESTORING:
+            gateway.release()
+        else:
+            gateway.resume()
         return JSONResponse(_state(gateway))
 
     async def state(_: Request) -> Response:
@@ -93,7 +101,7 @@ def create_app(gateway: Gateway) -> Starlette:
         """Liveness for anyone; the full state (upstreams, counters, spill) only where admin is allowed."""
         if auth.admin_refusal(request.headers.get("authorization")) is None:
             return JSONResponse(_state(gateway))
-        return JSONResponse({"status": "ok", "paused": gateway.paused})
+        return JSONResponse({"status": "ok", "paused": gateway.paused, "restoring": gateway.restoring})
 
     routes = [Route("/rollout/{rollout_id}/end", tenant_route(gateway.end_rollout), methods=["POST"])]
     for prefix in ("", "/rollout/{rollout_id}"):
@@ -115,6 +123,7 @@ def _state(gateway: Gateway) -> dict[str, Any]:
     state = {
         "status": "ok",
         "paused": gateway.paused,
+        "restoring": gateway.restoring,
         "in_flight": gateway.in_flight,
         "upstreams": gateway.upstreams,
         "recorded_spans": gateway.recorder.recorded_spans,

@@ -92,6 +92,10 @@ class GatewaySettings(TlsServerSettings):
     allow_anonymous: bool | None = None
     admin_token: str = ""
     max_body_bytes: int = Field(4 << 20, ge=1024)
+    # Start holding policy-name calls (503 + Retry-After) until a loader says the registry's versions are loaded
+    # again (`/admin/resume?reason=restoring`): `agentlake up` sets it when it starts a loader beside vLLM.
+    hold_until_restored: bool = False
+    restoring_retry_after_s: int = Field(5, ge=1, le=3600)  # the Retry-After of those 503s
 
     def anonymous_allowed(self, auth_tokens: Mapping[str, str]) -> bool:
         """Whether calls without a known token are served (as tenant ``default``)."""

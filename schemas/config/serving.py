@@ -101,8 +101,9 @@ class ServingSettings(Section):
     A publisher with ``replicas`` sends a release command on ``kafka.models_topic`` and waits up to
     ``ack_timeout_s`` for an ack from each of them on ``kafka.model_acks_topic``; empty ``replicas``:
     the trainer loads its one vLLM (``vllm.url``) directly. ``replica`` and ``vllm_url`` are the loader's
-    own: its name in acks and the vLLM beside it (empty: ``vllm.url``). ``loader``: `agentlake up` starts a
-    loader beside the local vLLM. ``cache_dir``: where the loader keeps downloaded versions (empty:
+    own: its name in acks and the vLLM beside it (empty: ``vllm.url``). ``loader`` (on by default): `agentlake
+    up --vllm` starts a loader beside the local vLLM, which loads the registry's versions into it.
+    ``cache_dir``: where the loader keeps downloaded versions (empty:
     ``<model.cache_dir>/serving``).
 
     Full-weight versions (``trainer.finetune = "full"``) go to one replica at a time: the publisher sends the
@@ -122,13 +123,18 @@ class ServingSettings(Section):
     vllm_url: str = ""
     replicas: list[str] = Field(default_factory=list)
     ack_timeout_s: float = Field(120.0, gt=0)
-    loader: bool = False
+    loader: bool = True
     cache_dir: Path | None = None
     check_prompt: str = "Hello"  # the one generation that proves a loaded adapter answers
     restart_command: list[str] = Field(default_factory=list)
     restart_timeout_s: float = Field(600.0, gt=0)
     gateway_url: str = ""
     canary: str = ""  # the replica whose loader scores candidates on trainer.eval_tasks (empty: replicas[0])
+    # A loader loads each policy line's registry version (model_versions) that its vLLM lacks, at start and
+    # every resync_s (a vLLM that restarted serves only the base model), holding the gateway's policy names
+    # (503 + Retry-After) until then; resync_s is also how often it checks that vLLM serves what was released.
+    follow_registry: bool = True
+    resync_s: float = Field(5.0, gt=0)
 
     @model_validator(mode="after")
     def _canary_is_a_replica(self) -> ServingSettings:
