@@ -52,6 +52,20 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return -nll.view(B, T - 1)
 
 
+@torch.no_grad()
+def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean entropy (nats) of the next-token distribution over the trained targets: (B, T, V), (B, T-1) -> scalar.
+
+    Only the masked positions' rows of the logits are softmaxed (the response tokens, not the prompt), so
+    it costs one (N, V) pass beside the loss's; a falling entropy is the first sign of exploration collapse."""
+    trained = mask.bool()
+    if not bool(trained.any()):
+        return mask.sum() * 0.0
+    rows = logits[:, :-1][trained].float()  # (N, V)
+    logp = torch.log_softmax(rows, dim=-1)
+    return -(logp.exp() * logp).sum(-1).mean()
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over the tokens where ``mask`` is 1 (0 when there are none)."""
     return (x * mask).sum() / mask.sum().clamp_min(1.0)

@@ -12,6 +12,7 @@ from schemas.config.lake import LakeSettings, StateSettings
 from schemas.config.redaction import RedactionSettings
 from schemas.config.servers import CollectorSettings, GatewaySettings
 from schemas.config.serving import ModelSettings, ServingSettings, VllmSettings
+from schemas.config.tracking import TrackingSettings
 from schemas.config.training import CreditSettings, TrainerSettings
 
 
@@ -29,3 +30,4 @@ class Settings(Section):
     credit: CreditSettings = Field(default_factory=CreditSettings)
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
