@@ -120,3 +120,23 @@ def tracker_for(settings: Any, *, line: str | None = None) -> Tracker:
             return NoTracker()
         return make_tracker("mlflow", uri=t.uri, experiment=t.experiment, run_name=run_name(line))
     return make_tracker(name, root=str(t.dir), experiment=t.experiment, run_name=run_name(line))
+
+
+def log_eval(tracking_url: str | None, scores: Mapping[str, float], *, prefix: str = "eval_") -> bool:
+    """Add a version's eval scores to the MLflow run that trained it (its page's URL, as in
+    ``model_versions.tracking_url``); True when logged. Other trackers' runs are closed files: skipped.
+    Like every tracker call, a failure is a warning."""
+    if not tracking_url or not scores or "/#/experiments/" not in tracking_url:
+        return False
+    uri, _, rest = tracking_url.partition("/#/experiments/")
+    run_id = rest.rsplit("/runs/", 1)[-1]
+    try:
+        from trainer.trackers.mlflow_tracker import log_to_run, server_answers
+
+        if not server_answers(uri):
+            raise ConnectionError(f"no MLflow tracking server answers at {uri}")
+        log_to_run(uri, run_id, {f"{prefix}{k}": float(v) for k, v in scores.items()})
+        return True
+    except Exception as exc:  # noqa: BLE001 - tracking never fails a round or its publish
+        log.warning("could not add eval scores to MLflow run %s (%s: %s)", run_id, type(exc).__name__, exc)
+        return False

@@ -17,7 +17,11 @@ from typing import Any
 import httpx
 
 # MLflow reads these per request; the defaults (7 retries, 120 s) would hold a round up for minutes.
-_CLIENT_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+_CLIENT_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_DISABLE_TELEMETRY": "true",  # an offline machine would wait on its upload at exit
+}
 TAG_KEYS = ("version", "parent_version", "line", "base_model", "algorithm")
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a parameter's value
 
@@ -89,4 +93,5 @@ def log_to_run(uri: str, run_id: str, metrics: Mapping[str, float], *, step: int
     for key, value in _CLIENT_LIMITS.items():
         os.environ.setdefault(key, value)
     now = int(time.time() * 1000)
-    MlflowClient(tracking_uri=uri).log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+    batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+    MlflowClient(tracking_uri=uri).log_batch(run_id, metrics=batch)
