@@ -33,6 +33,8 @@ class SafeTracker:
 
     def _fail(self, what: str, exc: BaseException) -> None:
         self.error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ImportError):
+            self.error += " (pip install 'agentlake[trackers]')"
         self.inner = None
         log.warning(
             "the %s tracker failed to %s (%s): it reports nothing more this round; "

@@ -36,4 +36,9 @@ class WandbTracker:
         self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() returns before W&B's service has written the run's log (measured: a 7-byte file, its
+        # header only); teardown stops the service, which flushes it, so the files are whole at close.
+        wandb.teardown()
