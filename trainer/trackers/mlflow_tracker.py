@@ -68,7 +68,8 @@ class MlflowTracker:
         from mlflow.entities import Param, RunTag
 
         new = {k: v for k, v in params.items() if k not in self._logged}
-        tags = [RunTag(k, param_value(v)) for k, v in params.items() if k in TAG_KEYS and v is not None]
+        # None reads "none" (a parent_version of None: trained from the base model)
+        tags = [RunTag(k, "none" if v is None else param_value(v)) for k, v in params.items() if k in TAG_KEYS]
         if "version" in params and params["version"]:
             tags.append(RunTag("mlflow.runName", str(params["version"])))  # the run reads as its version
         self.client.log_batch(self.run_id, params=[Param(k, param_value(v)) for k, v in new.items()], tags=tags)
