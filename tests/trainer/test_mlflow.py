@@ -77,9 +77,7 @@ def test_a_rounds_metrics_read_back_from_mlflow(
         },
         discover=False,
     )
-    result = train_once(
-        settings, base_model=str(tiny_model_dir), checkpoint_dir=str(lake / "models"), progress=False
-    )
+    result = train_once(settings, base_model=str(tiny_model_dir), checkpoint_dir=str(lake / "models"), progress=False)
 
     assert result.version == "v0001" and result.tracking_url
     assert result.tracking_url.startswith(f"{mlflow_server}/#/experiments/")
