@@ -52,18 +52,25 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return -nll.view(B, T - 1)
 
 
+ENTROPY_CHUNK = 256  # rows of logits softmaxed at once by masked_entropy (256 x 150k vocab x fp32: 150 MB)
+
+
 @torch.no_grad()
 def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean entropy (nats) of the next-token distribution over the trained targets: (B, T, V), (B, T-1) -> scalar.
 
-    Only the masked positions' rows of the logits are softmaxed (the response tokens, not the prompt), so
-    it costs one (N, V) pass beside the loss's; a falling entropy is the first sign of exploration collapse."""
+    Only the masked positions' rows of the logits are softmaxed (the response tokens, not the prompt), in
+    chunks of ``ENTROPY_CHUNK`` rows so the fp32 copies stay small beside a large vocabulary's logits; a
+    falling entropy is the first sign of exploration collapse."""
     trained = mask.bool()
     if not bool(trained.any()):
         return mask.sum() * 0.0
-    rows = logits[:, :-1][trained].float()  # (N, V)
-    logp = torch.log_softmax(rows, dim=-1)
-    return -(logp.exp() * logp).sum(-1).mean()
+    rows = logits[:, :-1][trained]  # (N, V), in the logits' dtype
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    for i in range(0, rows.shape[0], ENTROPY_CHUNK):
+        logp = torch.log_softmax(rows[i : i + ENTROPY_CHUNK].float(), dim=-1)
+        total += -(logp.exp() * logp).sum()
+    return total / rows.shape[0]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
-from trainer import tracking
+from trainer import losses, tracking
 from trainer.config import TrainConfig
 from trainer.data import Example
 from trainer.losses import masked_entropy
@@ -69,6 +69,12 @@ def test_entropy_and_batch_stats_on_hand_computed_cases() -> None:
     assert masked_entropy(logits, torch.tensor([[0.0, 1.0]])).item() == pytest.approx(0.0, abs=1e-6)
     assert masked_entropy(logits, torch.tensor([[1.0, 1.0]])).item() == pytest.approx(math.log(V) / 2)
     assert masked_entropy(logits, torch.zeros(1, 2)).item() == 0.0
+    torch.manual_seed(0)  # chunked (3 rows at a time) as in one piece
+    many, mask = torch.randn(2, 40, V), (torch.rand(2, 39) > 0.3).float()
+    whole = masked_entropy(many, mask).item()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(losses, "ENTROPY_CHUNK", 3)
+        assert masked_entropy(many, mask).item() == pytest.approx(whole, rel=1e-6)
 
     def ex(adv: float, ret: float) -> Example:
         return Example([1, 2], 1, [1], None, adv, ret)
