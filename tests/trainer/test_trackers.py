@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from schemas.lake import Lake
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer import losses, tracking
 from trainer.config import TrainConfig
@@ -55,8 +56,6 @@ def write_round(lake: Path, *, zero: int = 0) -> None:
 
 
 def registry_row(lake: Path, version: str) -> dict[str, object]:
-    from schemas.lake import Lake
-
     return Registry(Lake(str(lake))).get(version)
 
 
@@ -253,3 +252,45 @@ def test_round_result_carries_no_url_without_a_tracker(lake: Path, tiny_model_di
     result: RoundResult = train_once(cfg=config(lake, tiny_model_dir), tracker=MemoryTracker())
     assert result.version == "v0001" and result.tracking_url is None
     assert registry_row(lake, "v0001")["tracking_url"] is None
+
+
+def test_the_policy_asset_links_the_run_and_finds_the_stacks_server(
+    lake: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import os
+
+    import psutil
+    from dagster import MetadataValue, build_asset_context
+
+    from pipelines.defs.assets.policy import policy
+    from pipelines.defs.resources import KafkaResource, LakeResource, TrainerResource
+    from schemas.config.stack_file import STACK_FILE_VERSION, stack_file
+
+    write_round(lake)
+    kafka = KafkaResource(bootstrap_servers="127.0.0.1:1", spans_topic="s", rewards_topic="r")
+    resource = TrainerResource(
+        lake=LakeResource(root=str(lake)),
+        kafka=kafka,
+        trainer={"min_new_transitions": 1, "lora_rank": 4, "batch_size": 2},
+        model={"base": str(tiny_model_dir)},
+        tracking={"tracker": "tensorboard", "dir": str(tmp_path / "runs")},
+        state_dir=str(tmp_path / "state"),
+        publish=False,
+    )
+    meta = policy(build_asset_context(), trainer=resource).metadata
+    url = Registry(Lake(str(lake))).get("v0001")["tracking_url"]
+    assert isinstance(url, str) and url.startswith((tmp_path / "runs" / "tensorboard").as_uri())
+    assert meta["tracking_run"] == MetadataValue.url(url)
+
+    # a running stack's MLflow server (its stack file; this process stands in for it) is found at run time
+    me = psutil.Process()
+    doc = {
+        "version": STACK_FILE_VERSION,
+        "processes": {"mlflow": {"pid": os.getpid(), "create_time": me.create_time(), "address": "http://h:1"}},
+        "settings": {"tracking": {"uri": "http://h:1"}},
+    }
+    stack_file(tmp_path / "state").parent.mkdir(parents=True, exist_ok=True)
+    stack_file(tmp_path / "state").write_text(json.dumps(doc))
+    assert resource.settings().tracking.uri == "http://h:1"
+    pinned = resource.model_copy(update={"tracking": {"uri": "http://mine:5000"}})
+    assert pinned.settings().tracking.uri == "http://mine:5000"  # an explicit one wins
