@@ -21,6 +21,7 @@ broker's log and in `agentlake status`; ``"memory"`` asks for that log on purpos
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -372,7 +373,7 @@ def up(
         )
         if settings.tracking.server:  # before Dagster: its runs find the server through the settings
             on_step("mlflow")
-            settings.tracking.uri = start_mlflow(settings)
+            settings.tracking.uri = start_mlflow(settings) or settings.tracking.uri
             env["AGENTLAKE_TRACKING__URI"] = settings.tracking.uri
         if with_dagster:
             _start_dagster(settings, env, on_step)
@@ -428,8 +429,9 @@ def _start_dagster(settings: Settings, env: dict[str, str], on_step: Callable[[s
         _start_if_needed(settings, part.name, part.argv, part.address, part.probe, env, part.timeout_s)
 
 
-def start_mlflow(settings: Settings) -> str:
-    """Start the stack's MLflow tracking server unless it runs; return its URL (``tracking.uri``).
+def start_mlflow(settings: Settings) -> str | None:
+    """Start the stack's MLflow tracking server unless it runs; return its URL (``tracking.uri``), or None
+    with a warning when the ``mlflow`` package is missing (the stack runs without it: rounds track nowhere).
 
     Its runs go in a database of its own on the local PostgreSQL (started here if Dagster has not), its
     artifacts in the object store's ``agentlake-mlflow`` bucket; SQLite and a folder instead, with a
@@ -438,6 +440,10 @@ def start_mlflow(settings: Settings) -> str:
     existing = processes.read(sdir, mlflow_server.PART)
     if existing is not None and existing.is_running():
         return existing.address
+    if importlib.util.find_spec("mlflow") is None:
+        _log_line(settings, mlflow_server.PART, mlflow_server.NOT_INSTALLED_WARNING)
+        logger.warning(mlflow_server.NOT_INSTALLED_WARNING)
+        return None
     conn = None
     if postgres.bin_dir() is not None:
         conn = postgres.start(sdir, port=settings.dagster.postgres_port)
@@ -465,6 +471,8 @@ def _mlflow_status(settings: Settings) -> PartStatus | None:
     proc = processes.read(state_dir(settings), mlflow_server.PART)
     if proc is None and not settings.tracking.server:
         return None
+    if proc is None and importlib.util.find_spec("mlflow") is None:
+        return PartStatus(mlflow_server.PART, "-", None, False, "not installed (pip install 'agentlake[stack]')")
     address = proc.address if proc is not None else "-"
     row = _http_status(mlflow_server.PART, address, proc, f"{address}/health" if proc is not None else None)
     try:

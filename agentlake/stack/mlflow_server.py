@@ -27,6 +27,10 @@ FOLDER = "mlflow"  # under the state folder: the SQLite fallback and the artifac
 NO_POSTGRES_WARNING = (
     "MLflow's server keeps its runs in PostgreSQL (apt-get install postgresql): using SQLite in {path} instead"
 )
+NOT_INSTALLED_WARNING = (
+    "the `mlflow` package is missing (pip install 'agentlake[stack]'): no MLflow server, and training rounds "
+    "are tracked nowhere (tracking.tracker = auto); set tracking.server = false to silence this"
+)
 NO_WEED_WARNING = "MLflow's artifacts belong in the object store, but `weed` is missing: using the folder {path}"
 
 
