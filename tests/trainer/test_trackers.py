@@ -294,3 +294,36 @@ def test_the_policy_asset_links_the_run_and_finds_the_stacks_server(
     assert resource.settings().tracking.uri == "http://h:1"
     pinned = resource.model_copy(update={"tracking": {"uri": "http://mine:5000"}})
     assert pinned.settings().tracking.uri == "http://mine:5000"  # an explicit one wins
+
+
+@pytest.mark.slow  # a torchrun job of 2 ranks: 15-60 s on 2 busy cores
+def test_under_torchrun_only_rank_0_tracks(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from dagster import materialize
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from pipelines.defs.assets.policy import policy
+    from pipelines.defs.resources import KafkaResource, LakeResource, TrainerResource
+    from tests.trainer.test_ddp import TRAIN, _rows
+
+    lake = tmp_path / "lake"
+    write_transitions(lake, _rows())
+    resource = TrainerResource(
+        lake=LakeResource(root=str(lake)),
+        kafka=KafkaResource(bootstrap_servers="127.0.0.1:1", spans_topic="s", rewards_topic="r"),
+        trainer={**TRAIN, "nproc": 2, "epochs": 1},
+        model={"base": str(tiny_model_dir)},
+        tracking={"tracker": "tensorboard", "dir": str(tmp_path / "runs")},
+        state_dir=str(tmp_path / "state"),
+        publish=False,
+    )
+    result = materialize([policy], resources={"trainer": resource})
+    assert result.success
+    [mat] = result.asset_materializations_for_node("policy")
+    assert mat.metadata["world_size"].value == 2.0
+    (run,) = (tmp_path / "runs" / "tensorboard" / "agentlake").iterdir()  # one run: rank 0's
+    assert mat.metadata["tracking_run"].value == run.as_uri()
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1  # one writer: rank 1 made no tracker
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    steps = [e.step for e in events.Scalars("loss")]
+    assert steps == list(range(1, int(mat.metadata["steps"].value) + 1))  # each step once, not once per rank
