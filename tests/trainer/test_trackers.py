@@ -74,6 +74,11 @@ def test_entropy_and_batch_stats_on_hand_computed_cases() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(losses, "ENTROPY_CHUNK", 3)
         assert masked_entropy(many, mask).item() == pytest.approx(whole, rel=1e-6)
+        mp.setattr(losses, "ENTROPY_MAX_ROWS", 4)  # beyond the cap an estimate: 4 evenly spaced positions
+        spaced = torch.zeros(1, 41, V)
+        spaced[0, ::10] = torch.tensor([100.0] + [0.0] * (V - 1))  # every 10th row certain
+        # targets 0, 13, 26, 39 are averaged: row 0 certain, the other three uniform
+        assert masked_entropy(spaced, torch.ones(1, 40)).item() == pytest.approx(math.log(V) * 3 / 4, rel=1e-5)
 
     def ex(adv: float, ret: float) -> Example:
         return Example([1, 2], 1, [1], None, adv, ret)
