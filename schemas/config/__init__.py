@@ -3,7 +3,7 @@
 The public API is here: the section classes and ``load_settings``. Inside, one module per concern:
 
 - a module per group of sections (``lake``, ``kafka``, ``servers``, ``serving``, ``dagster``, ``training``,
-  ``judge``, ``redaction``), gathered by ``settings.Settings``;
+  ``judge``, ``redaction``, ``tracking``), gathered by ``settings.Settings``;
 - ``loading``: defaults, the running stack, the TOML file and the environment merged, errors named;
 - ``secrets``: which settings are secrets, hidden in every error;
 - ``stack_file``: the running local stack's file and its reader.
@@ -20,6 +20,7 @@ from schemas.config.redaction import RedactionSettings
 from schemas.config.servers import CollectorSettings, GatewaySettings, TlsServerSettings
 from schemas.config.serving import ModelSettings, ServingSettings, VllmSettings
 from schemas.config.settings import Settings
+from schemas.config.tracking import TrackingSettings
 from schemas.config.training import CreditSettings, TrainerSettings
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Settings",
     "StateSettings",
     "TlsServerSettings",
+    "TrackingSettings",
     "TrainerSettings",
     "VllmSettings",
     "load_settings",
