@@ -174,6 +174,7 @@ def forward_logprobs_entropy(
 
 def batch_stats(examples: list[Example]) -> dict[str, float]:
     """The micro-batch's reward and advantage statistics, per sequence: what a tracker plots beside the loss.
+    ``reward_*`` are of the return each row is trained with (its reward under the default identical credit).
 
     ``zero_adv_frac`` is the share of sequences with no advantage (a group whose samples all scored the
     same): near 1, the round learns nothing from its data. A step's values are its micro-batches' mean."""
