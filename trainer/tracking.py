@@ -70,24 +70,16 @@ class MemoryTracker:
 _FACTORIES: dict[str, Callable[..., Tracker]] = {"none": NoTracker, "memory": MemoryTracker}
 
 
-def _known() -> dict[str, Callable[..., Tracker]]:
-    """The registry, with ``trainer.trackers``' (mlflow, tensorboard, wandb) registered: the same names
-    whatever was imported before. That module is light: each tracker imports its package when made."""
-    import trainer.trackers  # noqa: F401 - registers its trackers on first import
-
-    return _FACTORIES
-
-
 def register_tracker(name: str, factory: Callable[..., Tracker]) -> None:
     """Make ``make_tracker(name, **options)`` call ``factory(**options)``; a name is registered once."""
-    if name in _known():
+    if name in _FACTORIES:
         raise TrainerError(f"a tracker named {name!r} is registered already")
     _FACTORIES[name] = factory
 
 
 def tracker_names() -> list[str]:
     """The names ``make_tracker`` knows, sorted."""
-    return sorted(_known())
+    return sorted(_FACTORIES)
 
 
 def tracker_url(tracker: Tracker) -> str | None:
@@ -102,7 +94,8 @@ def tracker_url(tracker: Tracker) -> str | None:
 def make_tracker(name: str, **options: Any) -> Tracker:
     """A new tracker of the kind registered under ``name``; an unknown name is an error that lists the known ones."""
     try:
-        factory = _known()[name]
+        factory = _FACTORIES[name]
     except KeyError:
-        raise TrainerError(f"no tracker named {name!r}; known: {', '.join(tracker_names())}") from None
+        hint = "" if "mlflow" in _FACTORIES else " (import trainer.trackers for mlflow, tensorboard, wandb)"
+        raise TrainerError(f"no tracker named {name!r}; known: {', '.join(tracker_names())}{hint}") from None
     return factory(**options)

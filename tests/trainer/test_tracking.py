@@ -56,7 +56,8 @@ def test_a_round_reports_its_params_each_step_and_its_version(lake: Path, tiny_m
 
 
 def test_trackers_are_made_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking, "_FACTORIES", dict(tracking._FACTORIES))  # registrations stay in this test
+    # registrations stay in this test, which starts from the built-in two (trainer.trackers adds three on import)
+    monkeypatch.setattr(tracking, "_FACTORIES", {k: tracking._FACTORIES[k] for k in ("none", "memory")})
     assert isinstance(make_tracker("none"), NoTracker)
     assert isinstance(make_tracker("memory"), MemoryTracker)
 
@@ -72,6 +73,5 @@ def test_trackers_are_made_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "custom" in tracking.tracker_names()
     with pytest.raises(TrainerError, match="registered already"):
         register_tracker("custom", factory)
-    known = "custom, memory, mlflow, none, tensorboard, wandb"  # trainer.trackers' three are always known
-    with pytest.raises(TrainerError, match=f"no tracker named 'mlfow'; known: {known}"):
+    with pytest.raises(TrainerError, match="no tracker named 'mlfow'; known: custom, memory, none"):
         make_tracker("mlfow")

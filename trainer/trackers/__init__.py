@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainer import tracking
-from trainer.tracking import NoTracker, Tracker, tracker_url
+from trainer.tracking import NoTracker, Tracker, register_tracker, tracker_names, tracker_url
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +100,8 @@ def _wandb(**options: Any) -> Tracker:
 
 
 for _name, _factory in (("mlflow", _mlflow), ("tensorboard", _tensorboard), ("wandb", _wandb)):
-    if _name not in tracking._FACTORIES:  # not tracker_names(): that imports this module
-        tracking._FACTORIES[_name] = _factory
+    if _name not in tracker_names():
+        register_tracker(_name, _factory)
 
 
 def tracker_for(settings: Any, *, line: str | None = None) -> Tracker:
