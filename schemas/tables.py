@@ -230,7 +230,7 @@ TRANSITIONS = _versioned(
 
 MODEL_VERSIONS = _versioned(
     "model_versions",
-    3,
+    4,
     [
         pa.field("version", pa.string(), nullable=False),  # "v0001", ...
         pa.field("version_number", pa.int64(), nullable=False),
@@ -256,6 +256,9 @@ MODEL_VERSIONS = _versioned(
         # v3: the agent whose policy line the version belongs to (`trainer.agents`, served as
         # `<served_name>-<agent>`); null: the single policy served as `model.served_name`.
         pa.field("agent", pa.string()),
+        # v4: where the round that trained the version was tracked (trainer.trackers): an MLflow run's page
+        # (its id last), a TensorBoard or W&B run folder; null without a tracker and in rows before v4.
+        pa.field("tracking_url", pa.string()),
     ],
 )
 

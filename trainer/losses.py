@@ -52,6 +52,33 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return -nll.view(B, T - 1)
 
 
+ENTROPY_CHUNK = 256  # rows of logits softmaxed at once by masked_entropy (256 x 150k vocab x fp32: 150 MB)
+ENTROPY_MAX_ROWS = 64  # response positions masked_entropy averages over per micro-batch, at most
+
+
+@torch.no_grad()
+def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean entropy (nats) of the next-token distribution over the trained targets: (B, T, V), (B, T-1) -> scalar.
+
+    Only the masked positions' rows of the logits are softmaxed (the response tokens, not the prompt), at most
+    ``ENTROPY_MAX_ROWS`` of them evenly spaced (beyond that the mean is an estimate, and the cost stays a
+    fraction of the loss's), in chunks of ``ENTROPY_CHUNK`` rows so the fp32 copies stay small beside a large
+    vocabulary's logits. A falling entropy is the first sign of exploration collapse."""
+    trained = mask.bool()
+    if not bool(trained.any()):
+        return mask.sum() * 0.0
+    b, t = trained.nonzero(as_tuple=True)  # the trained targets' positions (target t: logits row t)
+    if b.shape[0] > ENTROPY_MAX_ROWS:  # an estimate: evenly spaced response positions, the cost capped
+        pick = torch.linspace(0, b.shape[0] - 1, ENTROPY_MAX_ROWS, device=b.device).long()
+        b, t = b[pick], t[pick]
+    rows = logits[b, t]  # (K, V), in the logits' dtype: only these rows are copied
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    for i in range(0, rows.shape[0], ENTROPY_CHUNK):
+        logp = torch.log_softmax(rows[i : i + ENTROPY_CHUNK].float(), dim=-1)
+        total += -(logp.exp() * logp).sum()
+    return total / rows.shape[0]
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over the tokens where ``mask`` is 1 (0 when there are none)."""
     return (x * mask).sum() / mask.sum().clamp_min(1.0)

@@ -132,6 +132,7 @@ class Registry:
         artifact_uri: str | None = None,
         manifest_sha256: str | None = None,
         agent: str | None = None,
+        tracking_url: str | None = None,
     ) -> dict[str, Any]:
         """Insert a new version as ``pending`` in ``agent``'s line; a version name already taken is an error."""
         row = {
@@ -155,6 +156,7 @@ class Registry:
             "artifact_uri": artifact_uri,
             "manifest_sha256": manifest_sha256,
             "agent": agent,
+            "tracking_url": tracking_url,
         }
         # MERGE ... WHEN NOT MATCHED INSERT: two trainers racing for one name cannot both win.
         if self.lake.insert_new(TABLE, pa.Table.from_pylist([row], schema=MODEL_VERSIONS), key="version") != 1:

@@ -50,7 +50,7 @@ from trainer.lineage import Lineage, recorded_credit
 from trainer.offpolicy import split_stale, with_skipped
 from trainer.provenance import registered_hashes, split_unverified
 from trainer.registry import Registry
-from trainer.tracking import NoTracker, Tracker
+from trainer.tracking import NoTracker, Tracker, tracker_url
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class RoundResult:
     metrics: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
     offpolicy: dict[str, dict[str, Any]] = field(default_factory=dict)  # per source version (trainer.offpolicy)
+    tracking_url: str | None = None  # the round's run in the experiment tracker (model_versions.tracking_url)
 
 
 def pending_transitions(cfg: TrainConfig, registry: Registry, *, line: str | None = None) -> tuple[int, int | None]:
@@ -168,7 +169,9 @@ def train_once(
 
     ``line``: the agent whose policy line this round trains (``trainer.agents``); None: the single policy.
     ``tracker`` (``trainer.tracking``) follows this round: its parameters, every step's metrics, the new
-    version's name; it is closed when the round ends, whatever the outcome."""
+    version's name; it is closed when the round ends, whatever the outcome. None: the one ``settings.tracking``
+    chooses (``trainer.trackers.tracker_for``; on rank 0 only), or none when only a ``cfg`` is given."""
+    from trainer.ranks import is_main
     from trainer.train import train  # torch loads here, not at import
 
     if cfg is None:
@@ -180,6 +183,10 @@ def train_once(
     cfg = for_line(cfg, line)
     if line is not None and cfg.finetune != "lora":
         raise TrainerError(f"policy lines (trainer.agents) are LoRA adapters over one base; {line!r} is {cfg.finetune}")
+    if tracker is None and settings is not None and is_main():
+        from trainer.trackers import tracker_for
+
+        tracker = tracker_for(settings, line=line)
     tracker = NoTracker() if tracker is None else tracker
     try:
         result = _train_round(cfg, force=force, line=line, train=train, tracker=tracker)
@@ -238,7 +245,7 @@ def _train_round(cfg: TrainConfig, *, force: bool, line: str | None, train: Any,
     )
     if not isinstance(plan, _Plan):  # None on the other ranks (rank 0's skip was returned above)
         return RoundResult(None, reason="a data-parallel rank other than 0: rank 0 records the version", agent=line)
-    recorded = _record_round(cfg, plan, result, line=line)
+    recorded = _record_round(cfg, plan, result, line=line, tracking_url=tracker_url(tracker))
     tracker.log_params({"version": recorded.version})
     return recorded
 
@@ -254,7 +261,16 @@ def _round_params(cfg: TrainConfig, plan: _Plan, line: str | None) -> dict[str, 
         "table_version_end": plan.data.version_end,
         "n_transitions": plan.data.rows.num_rows,  # read; the trained ones are fewer when some were stale
         "n_trained": plan.job.rows.num_rows,
+        "credit": _credit(cfg, plan.data.version_end),
     }
+
+
+def _credit(cfg: TrainConfig, end: int) -> dict[str, Any] | None:
+    """The credit settings the data was built with, as its commits record them; None when unreadable."""
+    try:
+        return recorded_credit(cfg.lake(), cfg.table, end)
+    except Exception:  # noqa: BLE001 - a parameter for the tracker, never a reason to fail the round
+        return None
 
 
 def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | RoundResult:
@@ -333,7 +349,9 @@ def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | R
     return _Plan(_Job(rows, parent_path, current), data, start, parent, skipped, line_versions, refused)
 
 
-def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | None) -> RoundResult:
+def _record_round(
+    cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | None, tracking_url: str | None = None
+) -> RoundResult:
     """Save, store and register the trained version, then its lineage (rank 0 alone in a data-parallel job)."""
     lake = cfg.lake()
     registry = Registry(lake)
@@ -388,6 +406,7 @@ def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | Non
             artifact_uri=stored.uri,
             manifest_sha256=stored.manifest_sha256,
             agent=line,
+            tracking_url=tracking_url,
         )
     except Exception:
         _discard_unregistered(registry, version, path)
@@ -420,4 +439,5 @@ def _record_round(cfg: TrainConfig, plan: _Plan, result: Any, *, line: str | Non
         metrics={**result.summary, "refused_unknown_adapter": float(refused_total)},
         history=result.history,
         offpolicy=offpolicy,
+        tracking_url=tracking_url,
     )

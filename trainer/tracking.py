@@ -9,8 +9,10 @@ In a data-parallel job only rank 0 reports, with the metrics already summed over
 
 To add a tracker: write a class with the three methods of ``Tracker`` and ``register_tracker("name",
 factory)``; ``make_tracker("name", **options)`` builds one. Built in: ``none`` (reports nowhere) and
-``memory`` (keeps what it is given, for a notebook or a test). A tracker's failure is its own: the hook
-does not catch it, so a tracker that must never stop training catches its errors itself.
+``memory`` (keeps what it is given, for a notebook or a test); ``trainer.trackers`` registers ``mlflow``,
+``tensorboard`` and ``wandb``. A tracker's failure is its own: the hook does not catch it, so a tracker that
+must never stop training catches its errors itself (``trainer.trackers.SafeTracker``). A tracker with a
+``url`` attribute (its run's page or folder) gets it recorded in ``model_versions.tracking_url``.
 """
 
 from __future__ import annotations
@@ -80,10 +82,20 @@ def tracker_names() -> list[str]:
     return sorted(_FACTORIES)
 
 
+def tracker_url(tracker: Tracker) -> str | None:
+    """Where a tracker's run can be seen (``model_versions.tracking_url``): its optional ``url`` attribute."""
+    try:
+        url = getattr(tracker, "url", None)
+    except Exception:  # noqa: BLE001 - a tracker never fails a round
+        return None
+    return url if isinstance(url, str) and url else None
+
+
 def make_tracker(name: str, **options: Any) -> Tracker:
     """A new tracker of the kind registered under ``name``; an unknown name is an error that lists the known ones."""
     try:
         factory = _FACTORIES[name]
     except KeyError:
-        raise TrainerError(f"no tracker named {name!r}; known: {', '.join(tracker_names())}") from None
+        hint = "" if "mlflow" in _FACTORIES else " (import trainer.trackers for mlflow, tensorboard, wandb)"
+        raise TrainerError(f"no tracker named {name!r}; known: {', '.join(tracker_names())}{hint}") from None
     return factory(**options)

@@ -42,7 +42,7 @@ from schemas.errors import ConfigError
 from trainer.config import TrainConfig
 from trainer.data import Batch, Example, collate, epoch_chunks, to_examples
 from trainer.errors import TrainerError
-from trainer.losses import LossOutput, grpo_loss, ppo_clip_loss, reinforce_loss, token_logprobs
+from trainer.losses import LossOutput, grpo_loss, masked_entropy, ppo_clip_loss, reinforce_loss, token_logprobs
 from trainer.offpolicy import is_on_policy, source_stats, tis_enabled
 from trainer.ranks import all_reduce_sum, local_rank, parallel, world
 from trainer.tracking import NoTracker, Tracker
@@ -158,10 +158,39 @@ def policy_loss(
 
 def forward_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """(B, T-1) log-probabilities of each next token under ``model``."""
+    return forward_logprobs_entropy(model, batch, entropy=False)[0]
+
+
+def forward_logprobs_entropy(
+    model: torch.nn.Module, batch: Batch, *, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T-1) log-probabilities under ``model`` and, from the same logits, the policy's mean entropy on the
+    trained tokens (``trainer.losses.masked_entropy``; None when ``entropy`` is False)."""
     out = model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
     )
-    return token_logprobs(out.logits, batch.input_ids)
+    return token_logprobs(out.logits, batch.input_ids), masked_entropy(out.logits, batch.mask) if entropy else None
+
+
+def batch_stats(examples: list[Example]) -> dict[str, float]:
+    """The micro-batch's reward and advantage statistics, per sequence: what a tracker plots beside the loss.
+    ``reward_*`` are of the return each row is trained with (its reward under the default identical credit).
+
+    ``zero_adv_frac`` is the share of sequences with no advantage (a group whose samples all scored the
+    same): near 1, the round learns nothing from its data. A step's values are its micro-batches' mean."""
+    if not examples:
+        return {}
+    n = len(examples)
+    rets = [ex.ret for ex in examples]
+    advs = [ex.advantage for ex in examples]
+    r_mean, a_mean = sum(rets) / n, sum(advs) / n
+    return {
+        "reward_mean": r_mean,
+        "reward_std": math.sqrt(sum((r - r_mean) ** 2 for r in rets) / n),
+        "adv_std": math.sqrt(sum((a - a_mean) ** 2 for a in advs) / n),
+        "adv_abs_mean": sum(abs(a) for a in advs) / n,
+        "zero_adv_frac": sum(1 for a in advs if abs(a) < 1e-8) / n,
+    }
 
 
 @torch.no_grad()
@@ -385,7 +414,7 @@ def train(
                     model.set_requires_gradient_sync(ends_step)  # type: ignore[operator]
                 with ddp.no_sync() if n_ranks > 1 and not fsdp and not ends_step else nullcontext():  # type: ignore[operator]
                     with autocast():
-                        logprobs = forward_logprobs(ddp, batch)  # (B, T-1)
+                        logprobs, entropy = forward_logprobs_entropy(ddp, batch)  # (B, T-1), scalar
                         ref_logprobs = None
                         if cfg.kl_coef > 0:
                             with torch.no_grad():
@@ -398,9 +427,14 @@ def train(
                     # DDP and FSDP average over ranks: times n_ranks, so the shares sum to the micro-batch's mean.
                     (out.loss * (loss_share * n_ranks) / cfg.grad_accum).backward()
                 metrics = {k: float(v) for k, v in out.metrics.items()}
+                metrics["entropy"] = float(entropy) if entropy is not None else 0.0
+                # the whole micro-batch's sequences (every rank has them): each rank adds 1/n_ranks of them
+                whole = batch_stats(chunk)
+                metrics.update(whole)
                 tokens = batch.n_tokens if mine else 0
                 if n_ranks > 1:  # the micro-batch's metrics: each rank's part, weighted as its loss is
                     shares = {"loss": loss_share, "pg_loss": loss_share, "baseline": 1 / n_ranks}
+                    shares.update({k: 1 / n_ranks for k in whole})
                     summed = all_reduce_sum(
                         [v * shares.get(k, token_share) for k, v in metrics.items()] + [tokens], device
                     )

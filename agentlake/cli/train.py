@@ -106,6 +106,8 @@ def _report(settings: Settings, result: RoundResult, *, publish: bool) -> None:
             f"loss {m.get('first_loss', 0):.4f} -> {m.get('final_loss', 0):.4f}, "
             f"{m.get('tokens_per_s', 0):.0f} tok/s, saved to {result.path}"
         )
+        if result.tracking_url:  # the round's run (trainer.trackers): MLflow's page, or a TensorBoard/W&B folder
+            console.print(f"  run: {result.tracking_url}", markup=False, highlight=False)
         if publish:
             from agentlake.stack.vllm import vllm_restarter
             from serving.publish import gated_publisher
@@ -115,3 +117,6 @@ def _report(settings: Settings, result: RoundResult, *, publish: bool) -> None:
             )
             outcome = pub.publish(result.version)
             console.print(f"  {outcome.status} as {name} in {outcome.seconds:.2f}s")
+            from trainer.trackers import log_eval
+
+            log_eval(result.tracking_url, outcome.scores)  # the gate's scores beside the round's curves

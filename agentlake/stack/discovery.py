@@ -57,6 +57,8 @@ def write_stack_file(sdir: Path, settings: Settings, bootstrap: str) -> Path:
             },
         },
     }
+    if "mlflow" in procs:  # the stack's MLflow server (agentlake.stack.mlflow_server): the trainer's tracking.uri
+        doc["settings"]["tracking"] = {"uri": procs["mlflow"]["address"]}  # type: ignore[index]
     path = stack_file(sdir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

@@ -21,6 +21,7 @@ broker's log and in `agentlake status`; ``"memory"`` asks for that log on purpos
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentlake.stack import dagster, objectstore, postgres, processes
+from agentlake.stack import dagster, mlflow_server, objectstore, postgres, processes
 from agentlake.stack.broker import broker_argv, durable_storage, ensure_topics
 from agentlake.stack.discovery import write_stack_file
 from agentlake.stack.health import gateway_restoring, http_ok, kafka_ok, server_ok
@@ -52,6 +53,7 @@ PARTS = (
     "vllm",
     "gateway",
     "loader",
+    "mlflow",  # stopped first: nothing else depends on it, and it writes to postgres
 )
 BROKER_PORT_FILE = "broker.port"
 LOCAL_REPLICA = "local"  # the loader's replica name when serving.replica is empty
@@ -370,6 +372,10 @@ def up(
             env,
             60,
         )
+        if settings.tracking.server:  # before Dagster: its runs find the server through the settings
+            on_step("mlflow")
+            settings.tracking.uri = start_mlflow(settings) or settings.tracking.uri
+            env["AGENTLAKE_TRACKING__URI"] = settings.tracking.uri
         if with_dagster:
             _start_dagster(settings, env, on_step)
         if with_vllm or settings.vllm.enabled:
@@ -443,6 +449,60 @@ def _start_dagster(settings: Settings, env: dict[str, str], on_step: Callable[[s
     for part in dagster.parts(settings, code_port):
         on_step(part.name)
         _start_if_needed(settings, part.name, part.argv, part.address, part.probe, env, part.timeout_s)
+
+
+def start_mlflow(settings: Settings) -> str | None:
+    """Start the stack's MLflow tracking server unless it runs; return its URL (``tracking.uri``), or None
+    with a warning when the ``mlflow`` package is missing (the stack runs without it: rounds track nowhere).
+
+    Its runs go in a database of its own on the local PostgreSQL (started here if Dagster has not), its
+    artifacts in the object store's ``agentlake-mlflow`` bucket; SQLite and a folder instead, with a
+    warning, where PostgreSQL or `weed` is missing (``agentlake.stack.mlflow_server``)."""
+    sdir = state_dir(settings)
+    existing = processes.read(sdir, mlflow_server.PART)
+    if existing is not None and existing.is_running():
+        return existing.address
+    if importlib.util.find_spec("mlflow") is None:
+        _log_line(settings, mlflow_server.PART, mlflow_server.NOT_INSTALLED_WARNING)
+        logger.warning(mlflow_server.NOT_INSTALLED_WARNING)
+        return None
+    conn = None
+    if postgres.bin_dir() is not None:
+        conn = postgres.start(sdir, port=settings.dagster.postgres_port)
+        mlflow_server.ensure_database(conn)
+    endpoint = start_objectstore(settings)
+    if endpoint is not None:
+        objectstore.ensure_bucket(endpoint, mlflow_server.BUCKET)
+    port, taken = mlflow_server.choose_port(settings)
+    plan = mlflow_server.plan(settings, sdir, conn=conn, s3_endpoint=endpoint, port=port)
+    for warning in [*plan.warnings, taken] if taken else plan.warnings:
+        _log_line(settings, mlflow_server.PART, warning)
+        logger.warning(warning)
+    proc = processes.start(sdir, mlflow_server.PART, plan.argv, address=plan.url, env=plan.env, cwd=REPO_ROOT)
+    _wait(mlflow_server.PART, lambda: http_ok(f"{plan.url}/health"), proc, 240)  # first start: migrations
+    _details_file(settings).write_text(json.dumps({"backend": plan.backend, "artifacts": plan.artifacts}) + "\n")
+    return plan.url
+
+
+def _details_file(settings: Settings) -> Path:
+    return mlflow_server.folder(state_dir(settings)) / "server.json"
+
+
+def _mlflow_status(settings: Settings) -> PartStatus | None:
+    """The MLflow server's row: healthy while it answers /health; the detail says where runs and artifacts are."""
+    proc = processes.read(state_dir(settings), mlflow_server.PART)
+    if proc is None and not settings.tracking.server:
+        return None
+    if proc is None and importlib.util.find_spec("mlflow") is None:
+        return PartStatus(mlflow_server.PART, "-", None, False, "not installed (pip install 'agentlake[stack]')")
+    address = proc.address if proc is not None else "-"
+    row = _http_status(mlflow_server.PART, address, proc, f"{address}/health" if proc is not None else None)
+    try:
+        where = json.loads(_details_file(settings).read_text())
+        row = replace(row, detail=f"runs: {where['backend']}; artifacts: {where['artifacts']}; {row.detail}")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return row
 
 
 def _start_vllm(settings: Settings) -> None:
@@ -528,6 +588,8 @@ def status(settings: Settings) -> list[PartStatus]:
     vllm_row = next(r for r in rows if r.name == "vllm")
     if vllm_row.healthy or processes.read(sdir, "vllm") is not None or http_ok(f"{v.url}/health"):
         rows.extend(policy_status(settings))  # a vLLM this stack started that died serves nothing
+    if (tracking := _mlflow_status(settings)) is not None:
+        rows.append(tracking)
     return rows
 
 

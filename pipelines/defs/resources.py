@@ -193,6 +193,7 @@ class TrainerResource(ConfigurableResource):
     gateway_admin_token: str = ""
     publish: bool = True
     min_new_transitions: int | None = None
+    tracking: dict[str, Any] = {}  # [tracking]: the experiment tracker of each round (trainer.trackers)
 
     def settings(self) -> Settings:
         """The settings ``trainer.round.train_once`` and ``serving.publish.gated_publisher`` take."""
@@ -214,8 +215,21 @@ class TrainerResource(ConfigurableResource):
                 "vllm": self.vllm,
                 "gateway": {**self.gateway, "admin_token": _resolved(self.gateway_admin_token)},
                 "serving": self.serving,
+                "tracking": self._tracking(),
             }
         )
+
+    def _tracking(self) -> dict[str, Any]:
+        """``[tracking]``, with the running stack's MLflow server when no URI is set: read at each run, so a
+        server started (or moved to another port) after the code location loaded is still found."""
+        from schemas.config.stack_file import live_stack
+
+        tracking = dict(self.tracking)
+        if not tracking.get("uri"):
+            uri = live_stack(self.state_dir)[0].get("tracking", {}).get("uri")
+            if uri:
+                tracking["uri"] = uri
+        return tracking
 
 
 class HealthResource(ConfigurableResource):
@@ -274,6 +288,7 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             vllm=s.vllm.model_dump(mode="json", exclude_none=True),
             gateway=s.gateway.model_dump(mode="json", exclude={"admin_token"}, exclude_none=True),
             serving=s.serving.model_dump(mode="json", exclude_none=True),
+            tracking=s.tracking.model_dump(mode="json", exclude_none=True),
             state_dir=str(s.state.dir),
             gateway_admin_token=secret_env("gateway", "admin_token", admin) if admin else "",
         ),

@@ -3,7 +3,7 @@
 The public API is here: the section classes and ``load_settings``. Inside, one module per concern:
 
 - a module per group of sections (``lake``, ``kafka``, ``servers``, ``serving``, ``dagster``, ``training``,
-  ``judge``, ``redaction``, ``health``), gathered by ``settings.Settings``;
+  ``judge``, ``redaction``, ``health``, ``tracking``), gathered by ``settings.Settings``;
 - ``loading``: defaults, the running stack, the TOML file and the environment merged, errors named;
 - ``secrets``: which settings are secrets, hidden in every error;
 - ``stack_file``: the running local stack's file and its reader.
@@ -21,6 +21,7 @@ from schemas.config.redaction import RedactionSettings
 from schemas.config.servers import CollectorSettings, GatewaySettings, TlsServerSettings
 from schemas.config.serving import ModelSettings, ServingSettings, VllmSettings
 from schemas.config.settings import Settings
+from schemas.config.tracking import TrackingSettings
 from schemas.config.training import CreditSettings, TrainerSettings
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Settings",
     "StateSettings",
     "TlsServerSettings",
+    "TrackingSettings",
     "TrainerSettings",
     "VllmSettings",
     "load_settings",

@@ -13,6 +13,7 @@ from schemas.config.lake import LakeSettings, StateSettings
 from schemas.config.redaction import RedactionSettings
 from schemas.config.servers import CollectorSettings, GatewaySettings
 from schemas.config.serving import ModelSettings, ServingSettings, VllmSettings
+from schemas.config.tracking import TrackingSettings
 from schemas.config.training import CreditSettings, TrainerSettings
 
 
@@ -31,3 +32,4 @@ class Settings(Section):
     redaction: RedactionSettings = Field(default_factory=RedactionSettings)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)

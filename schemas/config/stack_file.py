@@ -25,6 +25,7 @@ STACK_KEYS: dict[str, tuple[str, ...]] = {
     "gateway": ("host", "port"),
     "vllm": ("host", "port"),
     "dagster": ("home", "host", "port", "profile"),
+    "tracking": ("uri",),  # the stack's MLflow server, when it runs one
 }
 
 

@@ -39,6 +39,7 @@ def production_settings(tmp_path: Path, kafka: KafkaSettings, **dagster_settings
             "kafka": kafka.model_dump(),
             "collector": {"http_port": free_port(), "grpc_port": free_port()},
             "dagster": {"profile": "production", "port": free_port(), **dagster_settings},
+            "tracking": {"server": False},  # speed: the MLflow server has tests of its own
         },
     )
 

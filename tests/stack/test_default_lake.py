@@ -131,6 +131,7 @@ def test_up_puts_the_lake_in_the_bucket_and_it_outlives_down(tmp_path: Path) -> 
         AGENTLAKE_COLLECTOR__HTTP_PORT=str(free_port()),
         AGENTLAKE_COLLECTOR__GRPC_PORT=str(free_port()),
         COLUMNS="250",
+        AGENTLAKE_TRACKING__SERVER="false",  # speed: the MLflow server has tests of its own
     )
     try:
         _cli(env, "up", "--no-dagster")

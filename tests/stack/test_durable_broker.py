@@ -42,6 +42,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         AGENTLAKE_COLLECTOR__HTTP_PORT=str(free_port()),
         AGENTLAKE_COLLECTOR__GRPC_PORT=str(free_port()),
         COLUMNS="200",
+        AGENTLAKE_TRACKING__SERVER="false",  # speed: the MLflow server has tests of its own
     )
     return env
 

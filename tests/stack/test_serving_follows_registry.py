@@ -73,6 +73,7 @@ def test_serving_is_restored_after_a_vllm_kill_and_down_up(tmp_path: Path) -> No
         AGENTLAKE_MODEL__CACHE_DIR=str(REPO / ".agentlake" / "models"),
         AGENTLAKE_TRAINER__AGENTS='["planner"]',
         AGENTLAKE_SERVING__RESYNC_S="1",
+        AGENTLAKE_TRACKING__SERVER="false",  # speed: the MLflow server has tests of its own
         COLUMNS="250",
     )
     vllm, gateway = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{gateway_port}"

@@ -37,6 +37,7 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
         AGENTLAKE_COLLECTOR__GRPC_PORT=str(free_port()),
         AGENTLAKE_DAGSTER__PORT=str(free_port()),
         COLUMNS="200",
+        AGENTLAKE_TRACKING__SERVER="false",  # speed: the MLflow server has tests of its own
     )
     try:
         up = _cli(env, "up")

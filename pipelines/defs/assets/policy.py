@@ -5,7 +5,8 @@ A thin shell over ``trainer.lines.train_lines`` (one round per agent's policy li
 ``trainer.nproc`` > 1 as a data-parallel torchrun job, ``trainer.distributed.launch``) and
 ``serving.publish.gated_publisher`` (the publisher the CLI's publish builds too), gated on ``trainer.eval_tasks``
 and restarting vLLM on full weights through ``vllm.restart_command``; the metadata (loss, KL, reward, tokens/s,
-publish latency, eval scores) is numeric so Dagster plots it across versions, prefixed ``<agent>/`` per line.
+publish latency, eval scores) is numeric so Dagster plots it across versions, prefixed ``<agent>/`` per line;
+``tracking_run`` links the round's run in the experiment tracker (``trainer.trackers``, MLflow by default).
 """
 
 import time
@@ -78,12 +79,17 @@ def _round(
         "train_seconds": round(time.perf_counter() - t0, 2),
         "path": MetadataValue.path(result.path or ""),
     }
+    if result.tracking_url:  # the round's run in MLflow (or a TensorBoard/W&B folder): trainer.trackers
+        meta["tracking_run"] = MetadataValue.url(result.tracking_url)
     meta.update({k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)})
     if trainer.publish:
         # the gate (trainer.eval_tasks) and, for full weights, the deployment's vllm.restart_command
         published = gated_publisher(settings).publish(result.version)
         meta.update(publish_status=published.status, publish_seconds=round(published.seconds, 3))
         meta.update({f"eval_{k}": v for k, v in published.scores.items()})
+        from trainer.trackers import log_eval
+
+        log_eval(result.tracking_url, published.scores)  # the scores beside the round's curves
         scores = ", ".join(f"{k} {v:.3f}" for k, v in published.scores.items())
         context.log.info(f"{line}{result.version}: {published.status} in {published.seconds:.2f}s {scores}".strip())
     return meta
