@@ -12,7 +12,17 @@ A new setting goes in its section's module; a new section also gets a field in `
 """
 
 from schemas.config.dagster import DagsterSettings
-from schemas.config.health import HealthSettings
+from schemas.config.health import (
+    ClipFracCheck,
+    EntropyCheck,
+    HealthCheckSettings,
+    HealthSettings,
+    KlCheck,
+    RatioCheck,
+    RewardHackingCheck,
+    RewardShiftCheck,
+    ZeroAdvantageCheck,
+)
 from schemas.config.judge import JudgeSettings
 from schemas.config.kafka import KafkaSettings
 from schemas.config.lake import LakeSettings, StateSettings
@@ -25,16 +35,23 @@ from schemas.config.tracking import TrackingSettings
 from schemas.config.training import CreditSettings, TrainerSettings
 
 __all__ = [
+    "ClipFracCheck",
     "CollectorSettings",
     "CreditSettings",
     "DagsterSettings",
+    "EntropyCheck",
     "GatewaySettings",
+    "HealthCheckSettings",
     "HealthSettings",
     "JudgeSettings",
     "KafkaSettings",
+    "KlCheck",
     "LakeSettings",
     "ModelSettings",
+    "RatioCheck",
     "RedactionSettings",
+    "RewardHackingCheck",
+    "RewardShiftCheck",
     "ServingSettings",
     "Settings",
     "StateSettings",
@@ -42,5 +59,6 @@ __all__ = [
     "TrackingSettings",
     "TrainerSettings",
     "VllmSettings",
+    "ZeroAdvantageCheck",
     "load_settings",
 ]
