@@ -397,14 +397,18 @@ _release_ack_fields = [
 ]
 # v2: an answer to an evaluate command carries the scores (fractions of tasks answered) and how many tasks;
 # null on every other ack and in v1 records. served_versions keeps release acks, without these.
+# v3: and each task's score, in the command's task order (1.0 answered, 0.0 not), so the publisher decides on the
+# paired bootstrap (serving.evaluation); null in older records, which the publisher refuses to decide on.
 MODEL_RELEASE_ACK = _versioned(
     "model_release_ack",
-    2,
+    3,
     [
         *_release_ack_fields,
         pa.field("eval_candidate", pa.float64()),
         pa.field("eval_serving", pa.float64()),
         pa.field("eval_task_count", pa.int32()),
+        pa.field("eval_candidate_scores", pa.list_(pa.float64())),
+        pa.field("eval_serving_scores", pa.list_(pa.float64())),
     ],
 )
 

@@ -61,10 +61,15 @@ OTHER_ITEMS = ["chairs", "lamps", "bottles", "shirts", "bricks", "candles", "til
 
 def _multiply_large(rng: random.Random) -> tuple[str, int]:
     a, b = rng.randint(101, 999), rng.randint(13, 99)
+    name, item = rng.choice(OTHER_NAMES), rng.choice(OTHER_ITEMS)
     template = rng.choice(
-        ["What is {a} times {b}?", "Compute {a} multiplied by {b}.", "What is the product of {a} and {b}?"]
+        [
+            "A crate holds {a} {item}. How many {item} are in {b} crates?",
+            "{name} packs {b} boxes with {a} {item} in each box. How many {item} does {name} pack?",
+            "What is the product of {a} and {b}?",
+        ]
     )
-    return template.format(a=a, b=b), a * b
+    return template.format(a=a, b=b, name=name, item=item), a * b
 
 
 def _buy_large(rng: random.Random) -> tuple[str, int]:
