@@ -94,6 +94,8 @@ class PublishResult:
     event_error: str | None = None
     acks: dict[str, dict[str, Any]] = field(default_factory=dict)  # replica -> its ack (the release bus)
     bus_seconds: float | None = None  # release command sent -> last replica's ack
+    # the gate's paired comparison (serving.evaluation): eval_diff, eval_diff_ci_low, eval_diff_ci_high, eval_verdict
+    comparison: dict[str, float | str] = field(default_factory=dict)
 
 
 @dataclass
@@ -418,14 +420,16 @@ class Publisher:
         metrics: dict[str, Any] = {"publish_seconds": round(seconds, 4)}
         means = scores.means() if scores is not None else {}
         metrics.update({f"eval_{k}": v for k, v in means.items()})
+        comparison: dict[str, float | str] = {}
         if scores is not None:
             paired = scores.paired(self.eval_confidence)
-            metrics.update(
-                eval_diff=paired.diff.mean,
-                eval_diff_ci_low=paired.diff.low,
-                eval_diff_ci_high=paired.diff.high,
-                eval_verdict=paired.verdict,
-            )
+            comparison = {
+                "eval_diff": paired.diff.mean,
+                "eval_diff_ci_low": paired.diff.low,
+                "eval_diff_ci_high": paired.diff.high,
+                "eval_verdict": paired.verdict,
+            }
+            metrics.update(comparison)
         self.registry.set_status(
             row["version"],
             status,  # type: ignore[arg-type]
@@ -437,7 +441,13 @@ class Publisher:
         if status in ("published", "failed"):
             err = send_release_event(self.kafka, release_event(row, status, served_name=self.name_of(row), error=error))
         return PublishResult(
-            row["version"], status, seconds, serving["version"] if serving else None, means, event_error=err
+            row["version"],
+            status,
+            seconds,
+            serving["version"] if serving else None,
+            means,
+            event_error=err,
+            comparison=comparison,
         )
 
 

@@ -60,7 +60,7 @@ OTHER_ITEMS = ["chairs", "lamps", "bottles", "shirts", "bricks", "candles", "til
 
 
 def _multiply_large(rng: random.Random) -> tuple[str, int]:
-    a, b = rng.randint(101, 999), rng.randint(13, 99)
+    a, b = rng.randint(1001, 9999), rng.randint(13, 99)
     name, item = rng.choice(OTHER_NAMES), rng.choice(OTHER_ITEMS)
     template = rng.choice(
         [
@@ -74,7 +74,7 @@ def _multiply_large(rng: random.Random) -> tuple[str, int]:
 
 def _buy_large(rng: random.Random) -> tuple[str, int]:
     name, item = rng.choice(OTHER_NAMES), rng.choice(OTHER_ITEMS)
-    price, count = rng.randint(13, 99), rng.randint(21, 199)
+    price, count = rng.randint(13, 99), rng.randint(101, 999)
     template = rng.choice(
         [
             "{name} orders {count} {item}. Each one costs {price} dollars. What is the total cost in dollars?",

@@ -95,6 +95,7 @@ def test_the_policy_asset_gates_its_version_on_the_eval_tasks(
         meta = policy(build_asset_context(), trainer=resource).metadata
         assert meta["version"] == "v0001" and meta["publish_status"] == "rejected", meta
         assert (meta["eval_candidate"], meta["eval_serving"]) == (0.0, 1.0)  # the base model answers its own
+        assert (meta["eval_diff"], meta["eval_verdict"]) == (-1.0, "loss beyond noise")  # one task, lost
         registry = Registry(Lake(str(lake)))
         assert registry.get("v0001")["publish_status"] == "rejected" and registry.serving() is None
         assert registry.get("v0001")["publish_error"] == "worse than serving beyond noise"

@@ -84,6 +84,7 @@ def _round(
         published = gated_publisher(settings).publish(result.version)
         meta.update(publish_status=published.status, publish_seconds=round(published.seconds, 3))
         meta.update({f"eval_{k}": v for k, v in published.scores.items()})
+        meta.update(published.comparison)  # the paired difference, its interval and verdict (serving.evaluation)
         scores = ", ".join(f"{k} {v:.3f}" for k, v in published.scores.items())
         context.log.info(f"{line}{result.version}: {published.status} in {published.seconds:.2f}s {scores}".strip())
     return meta
