@@ -5,9 +5,10 @@ session's Kafka broker for commands and acks, the lake with its registry and the
 store (SeaweedFS). The trainer side reaches the vLLM only to learn what the versions answer, never to publish.
 
 Versions (as in test_release_bus.py): v0001 is a fresh adapter (LoRA B = 0: exactly the base model), v0002 and
-v0003 the same adapter with B drawn from seeded normals (greedy text changes). The gate's one task asks the
-prompt and wants a word that only one side's greedy completion holds, so the winner is known before the gate runs:
-with the base model's word v0002 is worse and rejected, with v0002's own word it wins and is released.
+v0003 the same adapter with B drawn from seeded normals (greedy text changes). The gate's tasks ask the prompt
+and want a word of one side's greedy completion or of both, so the verdict is known before the gate runs: on the
+base model's word alone v0002 is worse beyond noise and rejected; on that task and three that both sides answer it
+is lower within noise (serving.evaluation) and released.
 
 The second test is the Dagster ``policy`` asset with ``serving.replicas`` and ``trainer.eval_tasks``: it trains a
 version and the canary's verdict decides, as test_policy_gate.py shows for one vLLM.
@@ -139,15 +140,16 @@ def test_the_canary_rejects_a_worse_version_releases_a_better_one_and_a_silent_c
     assert candidate_name(ADAPTER, v2) not in names()  # the temporary name was unloaded
     assert [r["serving_version"] for r in served_now(reg.lake)] == [v1]  # an evaluation is not a release
 
-    # one task of ten lost, nine answered by both: a lower mean within noise, so v2 is released and r1 serves it
-    noise_tasks = [worse_tasks[0]] + [EvalTask(PROMPT, _in_both(base_text, v2_text))] * 9
-    result = bus(eval_tasks=noise_tasks, ack_timeout_s=180).publish(v2)
-    assert result.status == "published" and result.scores == {"candidate": 0.9, "serving": 1.0}, result
+    # one task of four lost, three answered by both: a lower mean within noise (a resample misses the lost task
+    # with probability 0.75**4 = 0.32, above the 2.5% tail), so v2 is released and r1 serves it
+    noise_tasks = [worse_tasks[0]] + [EvalTask(PROMPT, _in_both(base_text, v2_text))] * 3
+    result = bus(eval_tasks=noise_tasks, ack_timeout_s=400).publish(v2)
+    assert result.status == "published" and result.scores == {"candidate": 0.75, "serving": 1.0}, result
     assert latest_evaluations(reg.lake)[v2]["verdict"] == "within noise"
     print(f"gated publish {result.seconds:.2f}s, of which the release {result.bus_seconds:.2f}s")
     assert result.acks["r1"]["serving_version"] == v2 and serves() == v2 and reg.serving()["version"] == v2
     assert canary.complete(ADAPTER, PROMPT, max_tokens=MAX_TOKENS) == v2_text
-    assert json.loads(reg.get(v2)["metrics"])["eval_candidate"] == 0.9
+    assert json.loads(reg.get(v2)["metrics"])["eval_candidate"] == 0.75
     assert not {n for n in names() if "-candidate-" in n}
 
     # a canary nobody runs a loader for: failed after the ack timeout, naming it; nothing is released
