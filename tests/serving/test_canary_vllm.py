@@ -72,10 +72,10 @@ def canary(
 
 
 def _in_both(text: str, other: str) -> str:
-    """A word both texts contain: a gate answer both sides score."""
+    """A piece of text both completions contain (a word, else one letter): a gate answer both sides score."""
     words = [w.strip(".,;:!?\"'()") for w in text.split()]
-    both = [w for w in words if len(w) > 2 and w in other]
-    assert both, f"{text!r} and {other!r} share no word; choose another seed"
+    both = [w for w in words if len(w) > 2 and w in other] or [c for c in text if c.isalpha() and c in other]
+    assert both, f"{text!r} and {other!r} share no letter; choose another seed"
     return both[0]
 
 
