@@ -256,22 +256,18 @@ def plot_rewards(report: LoopReport, path: Path) -> Path:
     ):
         ax.axhline(mean, color=color, linestyle="--", label=f"held-out {when} ({mean:.2f} [{low:.2f}, {high:.2f}])")
         ax.axhspan(low, high, color=color, alpha=0.12)
-    if report.eval_verdict:
-        low, high = report.eval_diff_ci
-        ax.text(
-            0.02,
-            0.04,
-            f"held-out {report.eval_diff:+.3f} [{low:+.3f}, {high:+.3f}], "
-            f"{report.eval_confidence:.0%} bootstrap over {report.eval_tasks} tasks: {report.eval_verdict}",
-            transform=ax.transAxes,
-            fontsize=8,
-            color="green" if report.eval_verdict.startswith("gain") else "black",
-        )
     ax.set_xlabel("round")
     ax.set_xticks(xs)
     ax.set_ylabel("mean reward")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"agentlake closed loop: {report.agent} agent, {report.traffic} traffic, SmolLM2-135M")
+    title = f"agentlake closed loop: {report.agent} agent, {report.traffic} traffic, SmolLM2-135M"
+    if report.eval_verdict:  # the paired difference under the title, where no curve or legend covers it
+        low, high = report.eval_diff_ci
+        title += (
+            f"\nheld-out {report.eval_diff:+.3f} [{low:+.3f}, {high:+.3f}] "
+            f"({report.eval_confidence:.0%} bootstrap over {report.eval_tasks} tasks): {report.eval_verdict}"
+        )
+    ax.set_title(title, fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
