@@ -52,25 +52,26 @@ def chat_turn(
     temperature: float,
     max_tokens: int,
     stop: list[str],
+    seed: int | None = None,
 ) -> str:
     """Send ``result.transcript`` to the gateway and append the assistant's reply; returns its text.
 
     The rollout header and ``traceparent`` let the gateway file its LLM span under this rollout's
-    trace; ``result`` counts the call and the model that served it.
+    trace; ``result`` counts the call and the model that served it. ``seed``: vLLM's per-request
+    sampling seed (a paired evaluation draws the same samples for both versions it compares).
     """
     headers = {ROLLOUT_HEADER: result.rollout_id}
     propagate.inject(headers)
-    response = client.post(
-        "/v1/chat/completions",
-        headers=headers,
-        json={
-            "model": model,
-            "messages": result.transcript,
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-            "stop": stop,
-        },
-    )
+    body_in: dict[str, Any] = {
+        "model": model,
+        "messages": result.transcript,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "stop": stop,
+    }
+    if seed is not None:
+        body_in["seed"] = seed
+    response = client.post("/v1/chat/completions", headers=headers, json=body_in)
     response.raise_for_status()
     body: dict[str, Any] = response.json()
     text = body["choices"][0]["message"]["content"] or ""
@@ -111,18 +112,24 @@ def run_rollouts(
     model: str,
     concurrency: int,
     on_done: Callable[[int, int], None] | None = None,
+    seeds: Sequence[int] | None = None,
     **kwargs: Any,
 ) -> list[R]:
     """``run_rollout(client, task, model=model, **kwargs)`` for each task, ``concurrency`` at a time, in order.
 
-    ``on_done(done, total)`` is called as each rollout finishes, for a progress display.
+    ``on_done(done, total)`` is called as each rollout finishes, for a progress display. ``seeds``: one
+    sampling seed per task, passed as ``seed=`` (the agent's ``run_rollout`` must take it).
     """
+    if seeds is not None and len(seeds) != len(tasks):
+        raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
     lock = threading.Lock()
     done = 0
 
-    def one(task: T) -> R:
+    def one(item: tuple[int, T]) -> R:
         nonlocal done
-        result = run_rollout(client, task, model=model, **kwargs)
+        i, task = item
+        extra = {} if seeds is None else {"seed": seeds[i]}
+        result = run_rollout(client, task, model=model, **kwargs, **extra)
         if on_done is not None:
             with lock:
                 done += 1
@@ -130,4 +137,4 @@ def run_rollouts(
         return result
 
     with httpx.Client(base_url=base_url, timeout=120) as client, ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, tasks))
+        return list(pool.map(one, enumerate(tasks)))

@@ -400,14 +400,18 @@ _release_ack_fields = [
 ]
 # v2: an answer to an evaluate command carries the scores (fractions of tasks answered) and how many tasks;
 # null on every other ack and in v1 records. served_versions keeps release acks, without these.
+# v3: and each task's score, in the command's task order (1.0 answered, 0.0 not), so the publisher decides on the
+# paired bootstrap (serving.evaluation); null in older records, which the publisher refuses to decide on.
 MODEL_RELEASE_ACK = _versioned(
     "model_release_ack",
-    2,
+    3,
     [
         *_release_ack_fields,
         pa.field("eval_candidate", pa.float64()),
         pa.field("eval_serving", pa.float64()),
         pa.field("eval_task_count", pa.int32()),
+        pa.field("eval_candidate_scores", pa.list_(pa.float64())),
+        pa.field("eval_serving_scores", pa.list_(pa.float64())),
     ],
 )
 
@@ -417,6 +421,35 @@ SERVED_VERSIONS = _versioned(
     "served_versions",
     1,
     [*_release_ack_fields, pa.field("recorded_at", _ts, nullable=False)],
+)
+
+# One row per evaluation of a model version on a held-out task set (serving.evaluation_table): the demo's
+# before/after, each eval gate and canary decision. `mean` and its interval are the version's (a percentile
+# bootstrap over tasks, `confidence`); `diff` = mean - baseline's mean on the same tasks and samples, with its
+# paired interval and `verdict` ("gain beyond noise" | "loss beyond noise" | "within noise"); the baseline
+# columns are null when nothing was compared. `source`: "demo" | "gate" | "canary".
+EVALUATIONS = _versioned(
+    "evaluations",
+    1,
+    [
+        pa.field("version", pa.string(), nullable=False),  # model_versions.version, or "base"
+        pa.field("agent", pa.string()),  # the policy line (model_versions.agent); null: the single policy
+        pa.field("task_set", pa.string(), nullable=False),
+        pa.field("n_tasks", pa.int64(), nullable=False),
+        pa.field("n_samples", pa.int64(), nullable=False),  # samples per task
+        pa.field("mean", pa.float64(), nullable=False),
+        pa.field("ci_low", pa.float64(), nullable=False),
+        pa.field("ci_high", pa.float64(), nullable=False),
+        pa.field("confidence", pa.float64(), nullable=False),
+        pa.field("baseline_version", pa.string()),
+        pa.field("baseline_mean", pa.float64()),
+        pa.field("diff", pa.float64()),
+        pa.field("diff_ci_low", pa.float64()),
+        pa.field("diff_ci_high", pa.float64()),
+        pa.field("verdict", pa.string()),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("evaluated_at", _ts, nullable=False),
+    ],
 )
 
 TABLES: dict[str, pa.Schema] = {
@@ -430,6 +463,7 @@ TABLES: dict[str, pa.Schema] = {
     "deletions": DELETIONS,
     "judgements": JUDGEMENTS,
     "served_versions": SERVED_VERSIONS,
+    "evaluations": EVALUATIONS,
 }
 
 EVENTS: dict[str, pa.Schema] = {
@@ -455,6 +489,7 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     "deletions": [],
     "judgements": [],
     "served_versions": [],
+    "evaluations": [],
 }
 
 # Columns holding what users and agents wrote (messages, attribute values, error text). Delta keeps

@@ -9,11 +9,11 @@ With ``serving.replicas`` the trainer host does not reach the replicas' vLLMs, s
 2. The canary's loader (``serving.loader.Loader.handle`` calls ``evaluate``) fetches and verifies the
    candidate as it would a release, loads it under ``<served>-candidate-<version>``, scores it next to what
    it serves under the served name (the base model when it serves nothing), unloads the temporary name
-   whatever happened, and acks with both scores and the number of tasks (``ok`` false and the error on any
-   failure). The served name is never touched.
-3. The publisher waits for that one ack (``ask_canary``): worse than serving is ``rejected``, a canary
-   that failed or stayed silent is ``failed``; only a candidate that is not worse is released to every
-   replica, as without the gate.
+   whatever happened, and acks with both scores, each task's scores and the number of tasks (``ok`` false and
+   the error on any failure). The served name is never touched.
+3. The publisher waits for that one ack (``ask_canary``): worse than serving beyond noise (the paired bootstrap
+   of serving.evaluation, as the direct gate decides) is ``rejected``, a canary that failed or stayed silent
+   is ``failed``; only a candidate that is not worse is released to every replica, as without the gate.
 
 An evaluate command is not a release: ``serving.loader.targets_me`` takes ``release`` and ``unload`` only, so
 a loader's startup catch-up and its resync never apply one again (a loader that was down when one came
@@ -33,7 +33,7 @@ from schemas.errors import AgentlakeError
 from schemas.tables import MODEL_RELEASE_EVENT
 from schemas.validation import validate_record
 from serving.errors import PublishError
-from serving.eval_gate import EvalTask, candidate_name, compare
+from serving.eval_gate import EvalTask, GateScores, candidate_name, compare
 from serving.release_bus import wait_for_acks
 from serving.releases import release_command, send_release_event
 from serving.vllm_client import VllmClient
@@ -94,19 +94,22 @@ def evaluate(
         scores = compare(client, candidate=candidate, folder=folder, baseline=baseline, tasks=tasks)
     except Exception as exc:  # any failure becomes the ack's error: the loader keeps running
         return (str(exc) if isinstance(exc, AgentlakeError) else f"{type(exc).__name__}: {exc}"), {}
+    means = scores.means()
     return None, {
-        "eval_candidate": scores["candidate"],
-        "eval_serving": scores["serving"],
+        "eval_candidate": means["candidate"],
+        "eval_serving": means["serving"],
         "eval_task_count": len(tasks),
+        "eval_candidate_scores": scores.candidate,
+        "eval_serving_scores": scores.serving,
     }
 
 
 @dataclass(frozen=True)
 class CanaryVerdict:
-    """What the canary said about a candidate: both scores, or why there are none."""
+    """What the canary said about a candidate: both models' per-task scores, or why there are none."""
 
     canary: str
-    scores: dict[str, float]  # candidate, serving (the keys Publisher records as eval_*); empty on error
+    scores: GateScores | None  # None on error
     tasks: int
     error: str  # "" when the canary scored the candidate
     seconds: float  # command sent -> ack (or the timeout)
@@ -126,8 +129,8 @@ def ask_canary(
     could not be built or sent, a failed or a silent canary all come back as the verdict's ``error``."""
     t0 = time.perf_counter()
 
-    def verdict(error: str, ack: dict[str, Any] | None = None, scores: dict[str, float] | None = None) -> CanaryVerdict:
-        return CanaryVerdict(canary, scores or {}, len(tasks), error, time.perf_counter() - t0, ack)
+    def verdict(error: str, ack: dict[str, Any] | None = None, scores: GateScores | None = None) -> CanaryVerdict:
+        return CanaryVerdict(canary, scores, len(tasks), error, time.perf_counter() - t0, ack)
 
     try:
         if kafka is None:
@@ -145,6 +148,11 @@ def ask_canary(
         )
     if not ack["ok"]:
         return verdict(f"canary {canary} could not evaluate {row['version']}: {ack['error']}", ack)
-    if ack.get("eval_candidate") is None or ack.get("eval_serving") is None:
-        return verdict(f"canary {canary} acked without scores; is its loader older than the evaluate command?", ack)
-    return verdict("", ack, {"candidate": ack["eval_candidate"], "serving": ack["eval_serving"]})
+    candidate, serving = ack.get("eval_candidate_scores"), ack.get("eval_serving_scores")
+    if candidate is None or serving is None or len(candidate) != len(tasks) or len(serving) != len(tasks):
+        return verdict(
+            f"canary {canary} acked without a score for each of the {len(tasks)} tasks; "
+            "is its loader older than the evaluate command?",
+            ack,
+        )
+    return verdict("", ack, GateScores([float(v) for v in candidate], [float(v) for v in serving]))

@@ -1,9 +1,11 @@
 """The optional evaluation gate of a publish: held-out tasks, and how a served model scores on them.
 
 A candidate adapter is loaded under a temporary name (``candidate_name``) and scored next to what is
-served (``compare``); a candidate that scores lower (``worse``) is ``rejected`` and serving is left
-alone. The publisher runs the comparison on its own vLLM; with replicas, the canary replica's loader
-runs the same comparison on its vLLM (serving.canary), so both paths score the same way.
+served, task by task (``compare``); a candidate worse beyond noise (``worse``: the paired bootstrap
+interval of serving.evaluation lies below zero at ``serving.eval_gate_confidence``) is ``rejected`` and
+serving is left alone. A lower mean within noise publishes: a bare "lower" rejected good versions on
+the luck of a few tasks. The publisher runs the comparison on its own vLLM; with replicas, the canary
+replica's loader runs the same comparison on its vLLM (serving.canary), so both paths score the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.errors import PublishError
+from serving.evaluation import DEFAULT_CONFIDENCE, LOSS, Paired
+from serving.evaluation import compare as compare_paired
 from serving.vllm_client import VllmClient
 
 log = logging.getLogger(__name__)
@@ -56,12 +60,38 @@ def load_eval_tasks(path: str | Path | None) -> list[EvalTask]:
     return tasks
 
 
+@dataclass(frozen=True)
+class GateScores:
+    """Both models' per-task scores (1.0 answered, 0.0 not), in task order: what the gate decides on."""
+
+    candidate: list[float]
+    serving: list[float]
+
+    def means(self) -> dict[str, float]:
+        """The fractions answered (the keys the registry records as ``eval_candidate``, ``eval_serving``)."""
+        return {"candidate": _mean(self.candidate), "serving": _mean(self.serving)}
+
+    def paired(self, confidence: float = DEFAULT_CONFIDENCE) -> Paired:
+        """Candidate against serving on the same tasks (serving.evaluation; ``after`` is the candidate)."""
+        return compare_paired(
+            {str(i): v for i, v in enumerate(self.serving)},
+            {str(i): v for i, v in enumerate(self.candidate)},
+            confidence=confidence,
+        )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def task_scores(client: VllmClient, model: str, tasks: Sequence[EvalTask], *, max_tokens: int = 64) -> list[float]:
+    """Per task: 1.0 when the greedy completion contains the answer, else 0.0."""
+    return [float(t.answer in client.complete(model, t.prompt, max_tokens=max_tokens)) for t in tasks]
+
+
 def score(client: VllmClient, model: str, tasks: Sequence[EvalTask], *, max_tokens: int = 64) -> float:
     """Fraction of tasks whose greedy completion contains the answer."""
-    if not tasks:
-        return 0.0
-    hits = sum(t.answer in client.complete(model, t.prompt, max_tokens=max_tokens) for t in tasks)
-    return hits / len(tasks)
+    return _mean(task_scores(client, model, tasks, max_tokens=max_tokens))
 
 
 def candidate_name(served_name: str, version: str) -> str:
@@ -69,9 +99,10 @@ def candidate_name(served_name: str, version: str) -> str:
     return f"{served_name}-candidate-{version}"
 
 
-def worse(scores: dict[str, float]) -> bool:
-    """Whether the candidate scored below what serves (a tie publishes)."""
-    return scores["candidate"] < scores["serving"]
+def worse(scores: GateScores, confidence: float = DEFAULT_CONFIDENCE) -> bool:
+    """Whether the candidate is worse than what serves beyond noise: the whole ``confidence`` interval of the
+    paired difference lies below zero (``confidence`` 0: any lower mean; a tie always publishes)."""
+    return scores.paired(confidence).verdict == LOSS
 
 
 def base_name(client: VllmClient) -> str:
@@ -84,14 +115,14 @@ def base_name(client: VllmClient) -> str:
 
 def compare(
     client: VllmClient, *, candidate: str, folder: str, baseline: str | None, tasks: Sequence[EvalTask]
-) -> dict[str, float]:
-    """Load ``folder`` as ``candidate``, score it and ``baseline`` (None: the base model) on ``tasks``.
+) -> GateScores:
+    """Load ``folder`` as ``candidate``, score it and ``baseline`` (None: the base model) on each of ``tasks``.
 
     The candidate is unloaded again whatever happens, so the served names are what they were before."""
     baseline = baseline or base_name(client)
     client.load_lora(candidate, folder, inplace=True)
     try:
-        return {"candidate": score(client, candidate, tasks), "serving": score(client, baseline, tasks)}
+        return GateScores(task_scores(client, candidate, tasks), task_scores(client, baseline, tasks))
     finally:
         try:
             client.unload_lora(candidate)

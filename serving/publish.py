@@ -67,7 +67,8 @@ from schemas.config.serving import policy_served_name
 from schemas.lake import Lake
 from serving.canary import ask_canary
 from serving.errors import PublishError
-from serving.eval_gate import EvalTask, candidate_name, compare, load_eval_tasks, worse
+from serving.eval_gate import EvalTask, GateScores, candidate_name, compare, load_eval_tasks, worse
+from serving.evaluation_table import Scored, try_record
 from serving.gateway_pause import GATEWAY_PAUSE, GATEWAY_RESUME, gateway_call
 from serving.release_bus import ReleaseOutcome, release, release_serially
 from serving.releases import release_command, release_event, send_release_event, unload_command
@@ -93,6 +94,8 @@ class PublishResult:
     event_error: str | None = None
     acks: dict[str, dict[str, Any]] = field(default_factory=dict)  # replica -> its ack (the release bus)
     bus_seconds: float | None = None  # release command sent -> last replica's ack
+    # the gate's paired comparison (serving.evaluation): eval_diff, eval_diff_ci_low, eval_diff_ci_high, eval_verdict
+    comparison: dict[str, float | str] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +117,8 @@ class Publisher:
     replicas: Sequence[str] = ()  # non-empty: publish through the release bus to these loaders
     ack_timeout_s: float = 120.0
     canary: str = ""  # the replica that scores candidates on eval_tasks (empty: replicas[0]; serving.canary)
+    eval_confidence: float = 0.95  # serving.eval_gate_confidence: reject only what is worse beyond noise
+    eval_task_set: str = "eval_tasks"  # the name the `evaluations` table gives eval_tasks (the file's)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, vllm_url: str | None = None, **kwargs: Any) -> Publisher:
@@ -132,6 +137,7 @@ class Publisher:
             replicas=tuple(settings.serving.replicas),
             ack_timeout_s=settings.serving.ack_timeout_s,
             canary=settings.serving.canary_replica(),
+            eval_confidence=settings.serving.eval_gate_confidence,
             **kwargs,
         )
 
@@ -148,15 +154,18 @@ class Publisher:
         name = self.name_of(row)
         client = self._client()
         t0 = time.perf_counter()
-        scores: dict[str, float] = {}
+        scores: GateScores | None = None
         try:
             folder = self.local_folder(row)
             if row["kind"] == "lora":
                 self._check_adapter(client, folder, name)
                 if self.eval_tasks:
                     scores = self._evaluate(client, row, folder, serving)
-                    if worse(scores):
-                        return self._finish(row, "rejected", t0, serving, scores, error="worse than serving")
+                    self._record_eval(row, serving, scores, source="gate")
+                    if worse(scores, self.eval_confidence):
+                        return self._finish(
+                            row, "rejected", t0, serving, scores, error="worse than serving beyond noise"
+                        )
                 client.load_lora(name, folder, inplace=True)
             else:
                 self._publish_full(client, folder)
@@ -243,7 +252,7 @@ class Publisher:
 
     def _publish_bus(self, row: dict[str, Any], serving: dict[str, Any] | None) -> PublishResult:
         t0 = time.perf_counter()
-        scores: dict[str, float] = {}
+        scores: GateScores | None = None
         if self.eval_tasks:  # the gate, on the canary replica: nothing is released before it scored
             canary = self.canary or self.replicas[0]
             name, tasks = self.name_of(row), self.eval_tasks
@@ -251,11 +260,14 @@ class Publisher:
                 self.kafka, row, served_name=name, tasks=tasks, canary=canary, timeout_s=self.ack_timeout_s
             )
             scores = verdict.scores
-            if verdict.error:
+            if verdict.error or scores is None:
                 self._finish(row, "failed", t0, serving, scores, error=verdict.error)
                 raise PublishError(f"{row['version']} was not published: {verdict.error}")
-            if worse(scores):
-                return self._finish(row, "rejected", t0, serving, scores, error=f"worse than serving on {canary}")
+            self._record_eval(row, serving, scores, source="canary")
+            if worse(scores, self.eval_confidence):
+                return self._finish(
+                    row, "rejected", t0, serving, scores, error=f"worse than serving beyond noise on {canary}"
+                )
         outcome, error = self._try_release(row)
         if outcome is not None and not error:
             result = self._finish(row, "published", t0, serving, scores)
@@ -335,9 +347,33 @@ class Publisher:
                     "that name; set model.base_served_name (vLLM's --served-model-name) to another name"
                 )
 
+    def _record_eval(
+        self, row: dict[str, Any], serving: dict[str, Any] | None, scores: GateScores, *, source: str
+    ) -> None:
+        """The candidate's evaluation against what serves, in the `evaluations` table (best effort)."""
+        paired = scores.paired(self.eval_confidence)
+        scored = Scored(
+            row["version"],
+            paired.after,
+            baseline_version=serving["version"] if serving else "base",
+            baseline_mean=paired.before.mean,
+            diff=paired.diff,
+            verdict=paired.verdict,
+        )
+        try_record(
+            self.registry.lake,
+            [scored],
+            task_set=self.eval_task_set,
+            n_tasks=paired.n_tasks,
+            n_samples=1,  # the gate's completions are greedy: one per task
+            confidence=self.eval_confidence,
+            source=source,
+            agent=row.get("agent"),
+        )
+
     def _evaluate(
         self, client: VllmClient, row: dict[str, Any], folder: str, serving: dict[str, Any] | None
-    ) -> dict[str, float]:
+    ) -> GateScores:
         candidate = candidate_name(self.name_of(row), row["version"])
         baseline = self.name_of(row) if serving is not None else None  # None: the base model
         return compare(client, candidate=candidate, folder=folder, baseline=baseline, tasks=self.eval_tasks)
@@ -375,14 +411,25 @@ class Publisher:
         status: str,
         t0: float,
         serving: dict[str, Any] | None,
-        scores: dict[str, float],
+        scores: GateScores | None,
         *,
         error: str | None = None,
     ) -> PublishResult:
         seconds = time.perf_counter() - t0
         now = dt.datetime.now(dt.UTC)
         metrics: dict[str, Any] = {"publish_seconds": round(seconds, 4)}
-        metrics.update({f"eval_{k}": v for k, v in scores.items()})
+        means = scores.means() if scores is not None else {}
+        metrics.update({f"eval_{k}": v for k, v in means.items()})
+        comparison: dict[str, float | str] = {}
+        if scores is not None:
+            paired = scores.paired(self.eval_confidence)
+            comparison = {
+                "eval_diff": paired.diff.mean,
+                "eval_diff_ci_low": paired.diff.low,
+                "eval_diff_ci_high": paired.diff.high,
+                "eval_verdict": paired.verdict,
+            }
+            metrics.update(comparison)
         self.registry.set_status(
             row["version"],
             status,  # type: ignore[arg-type]
@@ -394,7 +441,13 @@ class Publisher:
         if status in ("published", "failed"):
             err = send_release_event(self.kafka, release_event(row, status, served_name=self.name_of(row), error=error))
         return PublishResult(
-            row["version"], status, seconds, serving["version"] if serving else None, scores, event_error=err
+            row["version"],
+            status,
+            seconds,
+            serving["version"] if serving else None,
+            means,
+            event_error=err,
+            comparison=comparison,
         )
 
 
@@ -415,5 +468,6 @@ def gated_publisher(
         settings,
         vllm_url=vllm_url,
         eval_tasks=load_eval_tasks(eval_tasks or settings.trainer.eval_tasks),
+        eval_task_set=Path(eval_tasks or settings.trainer.eval_tasks or "eval_tasks").name,
         restart=restart or command_restart(settings.vllm.restart_command),
     )

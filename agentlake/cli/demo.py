@@ -65,6 +65,7 @@ def demo_argv(
     samples: int,
     eval_tasks: int,
     seed: int,
+    eval_samples: int = 3,
     lr: float,
     config: str | None,
     agent: str = "math",
@@ -73,7 +74,16 @@ def demo_argv(
     """The demo module's command line for these options (``-P``: the working directory stays off its path)."""
     argv = [sys.executable, "-P", "-m", DEMO_MODULE]
     argv += ["--rounds", str(rounds), "--tasks", str(tasks), "--samples", str(samples)]
-    argv += ["--eval-tasks", str(eval_tasks), "--seed", str(seed), "--lr", repr(lr)]
+    argv += [
+        "--eval-tasks",
+        str(eval_tasks),
+        "--eval-samples",
+        str(eval_samples),
+        "--seed",
+        str(seed),
+        "--lr",
+        repr(lr),
+    ]
     argv += ["--agent", agent, "--traffic", traffic]
     if smoke:
         argv.append("--smoke")
@@ -108,7 +118,8 @@ def demo(
     rounds: int = typer.Option(4, min=1, help="Training rounds."),
     tasks: int = typer.Option(6, min=1, help="Tasks per round."),
     samples: int = typer.Option(4, min=2, help="Rollouts per task (the GRPO group)."),
-    eval_tasks: int = typer.Option(32, min=1, help="Held-out tasks scored before and after (2 samples each)."),
+    eval_tasks: int = typer.Option(128, min=1, help="Held-out tasks scored before and after (paired)."),
+    eval_samples: int = typer.Option(3, min=1, help="Seeded samples of each held-out task."),
     seed: int = typer.Option(0),
     lr: float = typer.Option(3e-4, help="LoRA learning rate for the demo's rounds."),
     agent: DemoAgent = AgentOption,
@@ -130,6 +141,7 @@ def demo(
         tasks=tasks,
         samples=samples,
         eval_tasks=eval_tasks,
+        eval_samples=eval_samples,
         seed=seed,
         lr=lr,
         config=config,

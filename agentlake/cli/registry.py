@@ -32,6 +32,18 @@ def _restart(settings: Settings) -> Callable[[str], None]:
     return vllm_restarter(settings, on_step=lambda msg: console.print(f"  {msg}"))
 
 
+def _evaluations(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Each version's latest row of the `evaluations` table (empty when none, or when it cannot be read)."""
+    from schemas.lake import Lake
+    from serving.evaluation_table import latest
+
+    try:
+        return latest(Lake.from_settings(settings))
+    except Exception as exc:  # noqa: BLE001 - the registry lists without its evaluations
+        console.print(f"[yellow]cannot read the evaluations table: {exc}[/]")
+        return {}
+
+
 def _trained_on(settings: Settings, row: dict[str, Any]) -> str:
     """How many transitions a version trained on and from which table versions, from ``training_lineage``."""
     from schemas.lake import Lake
@@ -59,7 +71,8 @@ def _trained_on(settings: Settings, row: dict[str, Any]) -> str:
 EvalTasksOption = typer.Option(
     None,
     "--eval-tasks",
-    help="JSONL of {prompt, answer}: publish only if not worse than the serving version (default: trainer.eval_tasks).",
+    help="JSONL of {prompt, answer}: publish unless worse than the serving version beyond noise "
+    "(serving.eval_gate_confidence; default: trainer.eval_tasks).",
 )
 
 
@@ -78,6 +91,7 @@ def list_versions(config: str | None = ConfigOption) -> None:
     table = Table("version", "parent", "kind", "status", "data (versions)", "rows", "final loss", "created")
     if agents != {None}:
         table.add_column("line")
+
     for r in rows:
         loss = json.loads(r["metrics"] or "{}").get("final_loss")
         line = [r["agent"] or "-"] if agents != {None} else []
@@ -93,6 +107,13 @@ def list_versions(config: str | None = ConfigOption) -> None:
             *line,
         )
     console.print(table)
+    from serving.evaluation_table import describe
+
+    evaluations = _evaluations(settings)
+    if evaluated := [r["version"] for r in rows if r["version"] in evaluations]:
+        console.print("latest held-out evaluation of each version (mean [95% interval] over tasks; `evaluations`):")
+        for version in evaluated:
+            console.print(f"  {version}: {describe(evaluations[version])}")
     from agentlake.cli.serving import served_table
 
     if (replicas := served_table(settings)) is not None:
@@ -115,6 +136,13 @@ def show(version: str = typer.Argument(..., help="A version, e.g. v0003."), conf
     console.print("[bold]lineage[/]: " + " <- ".join(r["version"] for r in reg.lineage(version)))
     console.print("[bold]metrics[/]:", json.loads(row["metrics"] or "{}"))
     console.print("[bold]config[/]:", json.loads(row["config"] or "{}"))
+    from serving.evaluation_table import describe
+
+    evaluation = _evaluations(settings).get(version)
+    shown = "none (SELECT * FROM evaluations)" if evaluation is None else describe(evaluation)
+    if evaluation is not None:
+        shown += f", {evaluation['source']}, {evaluation['evaluated_at']:%Y-%m-%d %H:%M:%S}"
+    console.print(f"[bold]latest evaluation[/]: {shown}")
 
 
 @model_app.command()
@@ -155,7 +183,12 @@ def publish(
     name = pub.name_of(pub.registry.get(version))  # its policy line's served name
     console.print(f"[{colour}]{result.version} {result.status}[/] in {result.seconds:.2f}s as {name}")
     if result.scores:
-        console.print(f"  eval: candidate {result.scores['candidate']:.3f}, serving {result.scores['serving']:.3f}")
+        metrics = json.loads(pub.registry.get(version)["metrics"] or "{}")
+        console.print(
+            f"  eval: candidate {result.scores['candidate']:.3f}, serving {result.scores['serving']:.3f}; "
+            f"difference {metrics.get('eval_diff', 0.0):+.3f} [{metrics.get('eval_diff_ci_low', 0.0):+.3f}, "
+            f"{metrics.get('eval_diff_ci_high', 0.0):+.3f}]: {metrics.get('eval_verdict', '-')}"
+        )
     if result.event_error:
         console.print(f"  [yellow]release event not sent:[/] {result.event_error}")
     _print_acks(result.acks)

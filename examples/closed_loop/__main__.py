@@ -48,8 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=_at_least(1), default=6, help="Tasks per round.")
     p.add_argument("--samples", type=_at_least(2), default=4, help="Rollouts per task (the GRPO group).")
     p.add_argument(
-        "--eval-tasks", type=_at_least(1), default=32, help="Held-out tasks scored before and after (2 samples each)."
+        "--eval-tasks", type=_at_least(1), default=128, help="Held-out tasks scored before and after (paired)."
     )
+    p.add_argument("--eval-samples", type=_at_least(1), default=3, help="Seeded samples of each held-out task.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4, help="LoRA learning rate for the demo's rounds.")
     p.add_argument("--agent", choices=tuple(AGENTS), default="math", help=AGENT_HELP)
@@ -76,6 +77,7 @@ def _loop(settings: Settings, args: argparse.Namespace) -> None:
         tasks_per_round=args.tasks,
         samples_per_task=args.samples,
         eval_tasks=args.eval_tasks,
+        eval_samples=args.eval_samples,
         seed=args.seed,
         learning_rate=args.lr,
         agent=args.agent,

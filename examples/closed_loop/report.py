@@ -46,8 +46,24 @@ def print_loop(console: Console, report: LoopReport) -> None:
             "(trained next round, off-policy); never: dropped at the reward horizon; trained on: rollouts "
             "this round's version learned from"
         )
-    console.print(
-        f"held-out mean reward on {report.eval_tasks} tasks: before {report.eval_before:.3f}, "
-        f"after {report.eval_after:.3f} ({report.eval_after - report.eval_before:+.3f})"
-    )
+    console.print(held_out_line(report))
     console.print(f"reward curve: {report.plot}   total {report.seconds / 60:.1f} min")
+
+
+def held_out_line(report: LoopReport) -> str:
+    """Before, after and their paired difference, each with its interval, and the verdict: one paragraph."""
+    (b_lo, b_hi), (a_lo, a_hi), (d_lo, d_hi) = report.eval_before_ci, report.eval_after_ci, report.eval_diff_ci
+    color = (
+        "green"
+        if report.eval_verdict.startswith("gain")
+        else "red"
+        if report.eval_verdict.startswith("loss")
+        else "yellow"
+    )
+    return (
+        f"held-out mean reward on {report.eval_tasks} tasks x {report.eval_samples} samples (same tasks and "
+        f"sampling seeds before and after): before ({report.eval_before_version}) {report.eval_before:.3f} "
+        f"[{b_lo:.3f}, {b_hi:.3f}], after ({report.eval_after_version}) {report.eval_after:.3f} "
+        f"[{a_lo:.3f}, {a_hi:.3f}]; difference {report.eval_diff:+.3f} [{d_lo:+.3f}, {d_hi:+.3f}] "
+        f"({report.eval_confidence:.0%} bootstrap over tasks): [{color}]{report.eval_verdict}[/]"
+    )

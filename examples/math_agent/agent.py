@@ -38,15 +38,25 @@ def run_rollout(
     max_tokens: int = 40,
     tracer: trace.Tracer | None = None,
     reward_span: bool = True,
+    seed: int | None = None,
 ) -> RolloutResult:
     """Solve one task; the reward is 1 for the exact final answer, else 0.
 
-    ``reward_span=False``: the trace carries no reward (production traffic posts it later).
+    ``reward_span=False``: the trace carries no reward (production traffic posts it later). ``seed``: the
+    rollout's sampling seed (turn ``k`` samples with ``seed + k``), for paired evaluations.
     """
     result = RolloutResult(task_id=task.task_id, transcript=initial_messages(task))
     with rollout_span(tracer or trace.get_tracer("examples.math_agent"), result, AGENT_NAME, reward_span=reward_span):
-        for _ in range(max_turns):
-            text = chat_turn(client, result, model=model, temperature=temperature, max_tokens=max_tokens, stop=STOP)
+        for turn in range(max_turns):
+            text = chat_turn(
+                client,
+                result,
+                model=model,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                stop=STOP,
+                seed=None if seed is None else seed + turn,
+            )
             reply = parse_reply(text)
             if reply.answer is not None:
                 result.answer = reply.answer

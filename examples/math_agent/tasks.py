@@ -52,8 +52,48 @@ def _share(rng: random.Random) -> tuple[str, int]:
     )
 
 
+# The held-out kinds (examples/closed_loop/agents.py): the same two problems as multiply and buy, with larger
+# numbers (more digits to copy into the calculator and back) and other names, items and wording, so the base
+# policy has headroom on them while what training teaches (write CALC, copy RESULT) still transfers.
+OTHER_NAMES = ["Ravi", "Chloe", "Mateo", "Yuki", "Noor", "Felix", "Amara", "Jonas"]
+OTHER_ITEMS = ["chairs", "lamps", "bottles", "shirts", "bricks", "candles", "tiles", "kites"]
+
+
+def _multiply_large(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(1001, 9999), rng.randint(13, 99)
+    name, item = rng.choice(OTHER_NAMES), rng.choice(OTHER_ITEMS)
+    template = rng.choice(
+        [
+            "A crate holds {a} {item}. How many {item} are in {b} crates?",
+            "{name} packs {b} boxes with {a} {item} in each box. How many {item} does {name} pack?",
+            "What is the product of {a} and {b}?",
+        ]
+    )
+    return template.format(a=a, b=b, name=name, item=item), a * b
+
+
+def _buy_large(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(OTHER_NAMES), rng.choice(OTHER_ITEMS)
+    price, count = rng.randint(13, 99), rng.randint(101, 999)
+    template = rng.choice(
+        [
+            "{name} orders {count} {item}. Each one costs {price} dollars. What is the total cost in dollars?",
+            "A shop sells {item} for {price} dollars each. {name} buys {count} of them. How many dollars is that?",
+            "{name} buys {count} {item} at {price} dollars each. How many dollars does {name} pay?",
+        ]
+    )
+    return template.format(name=name, item=item, price=price, count=count), price * count
+
+
 GENERATORS = (_multiply, _buy, _change, _share)
-KINDS: dict[str, object] = {"multiply": _multiply, "buy": _buy, "change": _change, "share": _share}
+KINDS: dict[str, object] = {
+    "multiply": _multiply,
+    "buy": _buy,
+    "change": _change,
+    "share": _share,
+    "multiply_large": _multiply_large,
+    "buy_large": _buy_large,
+}
 
 
 def make_tasks(

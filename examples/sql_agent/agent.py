@@ -53,17 +53,27 @@ def run_rollout(
     max_tokens: int = 96,
     tracer: trace.Tracer | None = None,
     reward_span: bool = True,
+    seed: int | None = None,
 ) -> RolloutResult:
     """Answer one question with SQL; the reward is its execution match with the gold query.
 
-    ``reward_span=False``: the trace carries no reward (production traffic posts it later).
+    ``reward_span=False``: the trace carries no reward (production traffic posts it later). ``seed``: the
+    rollout's sampling seed (try ``k`` samples with ``seed + k``), for paired evaluations.
     """
     result = RolloutResult(task_id=task.task_id, transcript=initial_messages(task))
     tracer = tracer or trace.get_tracer("examples.sql_agent")
     span = rollout_span(tracer, result, AGENT_NAME, reward_span=reward_span)
     with span, closing(connect(task.db_seed)) as db:
-        for _ in range(1 + retries):
-            text = chat_turn(client, result, model=model, temperature=temperature, max_tokens=max_tokens, stop=STOP)
+        for attempt in range(1 + retries):
+            text = chat_turn(
+                client,
+                result,
+                model=model,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                stop=STOP,
+                seed=None if seed is None else seed + attempt,
+            )
             sql = parse_sql(text)
             if sql is None:
                 result.error = "no query"

@@ -55,7 +55,13 @@ def run_tool(call: dict[str, Any]) -> str:
 
 
 def tool_turn(
-    client: httpx.Client, result: RolloutResult, *, model: str, temperature: float, max_tokens: int
+    client: httpx.Client,
+    result: RolloutResult,
+    *,
+    model: str,
+    temperature: float,
+    max_tokens: int,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """One request with the tool declared; the reply is appended to the transcript and returned."""
     headers = {ROLLOUT_HEADER: result.rollout_id}
@@ -68,6 +74,8 @@ def tool_turn(
         "temperature": temperature,
         "max_tokens": max_tokens,
     }
+    if seed is not None:
+        body["seed"] = seed  # vLLM's per-request sampling seed (paired evaluations)
     response = client.post("/v1/chat/completions", headers=headers, json=body)
     response.raise_for_status()
     reply: dict[str, Any] = response.json()
@@ -93,12 +101,21 @@ def run_rollout(
     max_tokens: int = 48,
     tracer: trace.Tracer | None = None,
     reward_span: bool = True,
+    seed: int | None = None,
 ) -> RolloutResult:
-    """Solve one task; the reward is 1 for the exact final answer, else 0."""
+    """Solve one task; the reward is 1 for the exact final answer, else 0 (``seed``: turn ``k`` samples with
+    ``seed + k``)."""
     result = RolloutResult(task_id=task.task_id, transcript=initial_messages(task))
     with rollout_span(tracer or trace.get_tracer("examples.tool_agents"), result, AGENT_NAME, reward_span=reward_span):
-        for _ in range(max_turns):
-            turn = tool_turn(client, result, model=model, temperature=temperature, max_tokens=max_tokens)
+        for k in range(max_turns):
+            turn = tool_turn(
+                client,
+                result,
+                model=model,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                seed=None if seed is None else seed + k,
+            )
             calls = turn.get("tool_calls") or []
             if not calls:
                 result.answer = calc.final_answer(turn.get("content"))

@@ -135,6 +135,10 @@ class ServingSettings(Section):
     # (503 + Retry-After) until then; resync_s is also how often it checks that vLLM serves what was released.
     follow_registry: bool = True
     resync_s: float = Field(5.0, gt=0)
+    # How sure the eval gate must be before it rejects: a candidate is `rejected` only when this confidence
+    # interval of its paired difference from serving (a bootstrap over tasks, serving.evaluation) lies wholly
+    # below zero. 0.95 rejects only what is worse beyond noise; higher is more lenient; 0 rejects any lower mean.
+    eval_gate_confidence: float = Field(0.95, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _canary_is_a_replica(self) -> ServingSettings:

@@ -76,6 +76,15 @@ def test_one_round_trains_publishes_and_serves_the_new_version(tmp_path: Path, m
         )
         assert versions and all(v.endswith("@v0002") for v in versions), versions
         assert Path(report.plot).exists()
+        # the paired held-out evaluation: in report.json and, for both versions, in `evaluations`
+        saved = json.loads((Path(report.plot).parent / "report.json").read_text())
+        assert saved["eval_verdict"] in ("gain beyond noise", "loss beyond noise", "within noise")
+        assert saved["eval_diff_ci"][0] <= saved["eval_diff"] <= saved["eval_diff_ci"][1]
+        from serving.evaluation_table import latest
+
+        evaluations = latest(Lake(settings.lake.root))
+        assert (evaluations["v0002"]["baseline_version"], evaluations["v0002"]["n_tasks"]) == ("v0001", 2)
+        assert evaluations["v0001"]["verdict"] is None
     finally:
         discard_stack(settings)
 

@@ -45,7 +45,7 @@ def test_the_launcher_passes_every_option_on(monkeypatch: pytest.MonkeyPatch) ->
     seen: list[tuple[list[str], Path]] = []
     monkeypatch.setattr(launcher, "run_demo", lambda argv, root: seen.append((argv, root)) or 7)
     args = ["--smoke", "--rounds", "2", "--tasks", "3", "--samples", "5", "--eval-tasks", "9", "--seed", "4"]
-    args += ["--agent", "sql", "--traffic", "production"]
+    args += ["--agent", "sql", "--traffic", "production", "--eval-samples", "6"]
     result = CliRunner().invoke(app, ["demo", *args, "--lr", "0.001", "--config", "x.toml"])
     assert result.exit_code == 7, result.output  # the demo's exit code
     [(argv, root)] = seen
@@ -53,7 +53,7 @@ def test_the_launcher_passes_every_option_on(monkeypatch: pytest.MonkeyPatch) ->
     parsed = parser().parse_args(argv[4:])
     assert (parsed.smoke, parsed.rounds, parsed.tasks, parsed.samples, parsed.eval_tasks) == (True, 2, 3, 5, 9)
     assert (parsed.seed, parsed.lr, parsed.config) == (4, 0.001, "x.toml")
-    assert (parsed.agent, parsed.traffic) == ("sql", "production")
+    assert (parsed.agent, parsed.traffic, parsed.eval_samples) == ("sql", "production", 6)
 
 
 def test_the_launcher_refuses_an_unknown_agent_or_traffic() -> None:

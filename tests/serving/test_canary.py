@@ -27,7 +27,7 @@ from schemas.tables import MODEL_RELEASE_ACK, MODEL_RELEASE_EVENT, schema_versio
 from schemas.validation import validate_record
 from serving.canary import EVALUATE, MAX_TASKS_BYTES, ask_canary, evaluate, evaluate_command, evaluates_here
 from serving.errors import PublishError
-from serving.eval_gate import EvalTask, candidate_name, worse
+from serving.eval_gate import EvalTask, GateScores, candidate_name, worse
 from serving.loader import Loader, Served, build_ack, latest_releases, targets_me
 from serving.publish import Publisher
 from serving.release_bus import release
@@ -101,15 +101,26 @@ def test_older_records_read_with_the_new_fields_null() -> None:
     v1 = {k: v for k, v in ack.items() if not k.startswith("eval_")}
     read, headers = _wire(v1, MODEL_RELEASE_ACK)
     assert (read["eval_candidate"], read["eval_serving"], read["eval_task_count"]) == (None, None, None)
-    assert headers[topics.HEADER_SCHEMA_VERSION] == b"2"
-    scored = {**ack, "eval_candidate": 0.5, "eval_serving": 1.0, "eval_task_count": 2}
+    assert headers[topics.HEADER_SCHEMA_VERSION] == b"3"
+    v2_scored = {**v1, "eval_candidate": 0.5, "eval_serving": 1.0, "eval_task_count": 2}  # no per-task scores
+    read = _wire(v2_scored, MODEL_RELEASE_ACK)[0]
+    assert (read["eval_candidate_scores"], read["eval_serving_scores"]) == (None, None)
+    scored = {**v2_scored, "eval_candidate_scores": [0.0, 1.0], "eval_serving_scores": [1.0, 1.0]}
     assert _wire(scored, MODEL_RELEASE_ACK)[0] == scored
 
 
 def test_the_gate_rule_is_one_rule() -> None:
+    """Both gates reject on the paired bootstrap (serving.evaluation): worse beyond noise, not a lower mean."""
     assert candidate_name("agentlake-policy-planner", "v0007") == "agentlake-policy-planner-candidate-v0007"
-    assert worse({"candidate": 0.4, "serving": 0.5})
-    assert not worse({"candidate": 0.5, "serving": 0.5})  # a tie publishes, as the direct gate does
+    assert worse(GateScores([0.0] * 20, [1.0] * 20))  # every task lost: worse beyond noise
+    assert worse(GateScores([0.0], [1.0]))  # one task, lost: the interval is that one difference
+    assert not worse(GateScores([0.5] * 4, [0.5] * 4))  # a tie publishes
+    one_lost = GateScores([0.0] + [1.0] * 19, [1.0] * 20)  # 0.95 vs 1.0: a lower mean, within noise
+    assert one_lost.means() == {"candidate": 0.95, "serving": 1.0}
+    assert one_lost.paired().verdict == "within noise" and not worse(one_lost)
+    assert worse(one_lost, confidence=0.0)  # serving.eval_gate_confidence = 0: any lower mean is rejected
+    five_lost = GateScores([0.0] * 5 + [1.0] * 15, [1.0] * 20)  # 0.75 vs 1.0 on 20 tasks: beyond noise
+    assert worse(five_lost) and worse(five_lost, confidence=0.99)
 
 
 @pytest.fixture()
@@ -210,7 +221,7 @@ def test_a_silent_canary_is_named_after_the_ack_timeout(settings: Settings, regi
         settings.kafka, registry.get("v0001"), served_name="p", tasks=TASKS, canary="gpu-z", timeout_s=3
     )
     assert time.monotonic() - t0 >= 3
-    assert verdict.scores == {} and verdict.ack is None and verdict.tasks == 2
+    assert verdict.scores is None and verdict.ack is None and verdict.tasks == 2
     assert verdict.error.startswith(
         "canary gpu-z did not answer the evaluate command within 3s (is its loader running?"
     )

@@ -20,6 +20,7 @@ from schemas.config import load_settings
 from schemas.lake import Lake
 from serving.errors import PublishError
 from serving.eval_gate import load_eval_tasks
+from serving.evaluation_table import latest as latest_evaluations
 from serving.publish import Publisher
 from serving.vllm_client import VllmClient
 from tests.fixtures_vllm import VllmServer
@@ -94,8 +95,16 @@ def test_the_policy_asset_gates_its_version_on_the_eval_tasks(
         meta = policy(build_asset_context(), trainer=resource).metadata
         assert meta["version"] == "v0001" and meta["publish_status"] == "rejected", meta
         assert (meta["eval_candidate"], meta["eval_serving"]) == (0.0, 1.0)  # the base model answers its own
+        assert (meta["eval_diff"], meta["eval_verdict"]) == (-1.0, "loss beyond noise")  # one task, lost
         registry = Registry(Lake(str(lake)))
         assert registry.get("v0001")["publish_status"] == "rejected" and registry.serving() is None
+        assert registry.get("v0001")["publish_error"] == "worse than serving beyond noise"
+        evaluation = latest_evaluations(registry.lake)["v0001"]
+        assert (evaluation["source"], evaluation["baseline_version"], evaluation["verdict"]) == (
+            "gate",
+            "base",
+            "loss beyond noise",
+        )
         assert ADAPTER not in {m["id"] for m in client.models()}  # the candidate was unloaded, nothing served
 
         settings = load_settings(
@@ -111,6 +120,7 @@ def test_the_policy_asset_gates_its_version_on_the_eval_tasks(
         gate = load_eval_tasks(settings.trainer.eval_tasks)
         result = Publisher.from_settings(settings, eval_tasks=gate).publish("v0001")
         assert result.status == "published" and result.scores == {"candidate": 1.0, "serving": 0.0}
+        assert latest_evaluations(registry.lake)["v0001"]["verdict"] == "gain beyond noise"
         assert "banana" in client.complete(ADAPTER, PROMPT, max_tokens=8)
     finally:
         httpx.post(f"{vllm_server.url}/v1/unload_lora_adapter", json={"lora_name": ADAPTER}, timeout=30)

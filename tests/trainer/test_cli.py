@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from agentlake.cli import app
 from agentlake.stack.ports import free_port
 from schemas.lake import Lake
+from serving.evaluation import compare
+from serving.evaluation_table import paired_rows, record
 from tests.trainer.helpers import build_tokenizer, transition, write_transitions
 from trainer.registry import Registry
 
@@ -49,6 +51,17 @@ min_new_transitions = 4
     trained_on = " ".join(shown.output.split())  # rich wraps long lines
     assert f"trained on: 4 transitions of {lake}/transitions read at table version 0" in trained_on
     assert "the first round on this table" in trained_on
+    assert "latest evaluation: none" in trained_on
+
+    # an evaluation of v0001 against the base model (as the demo or the eval gate store one): list and show carry it
+    paired = compare({str(i): 0.0 for i in range(30)}, {str(i): float(i < 20) for i in range(30)})
+    rows = paired_rows(paired, before_version="base", after_version="v0001")
+    record(Lake(str(lake)), rows, task_set="heldout", n_tasks=30, n_samples=2, confidence=0.95, source="gate")
+    listed = " ".join(runner.invoke(app, ["model", "list", "--config", str(config)]).output.split())
+    assert "v0001: 0.667 [0." in listed and "vs base +0.667 [+0." in listed and "gain beyond noise" in listed, listed
+    shown = " ".join(runner.invoke(app, ["model", "show", "v0001", "--config", str(config)]).output.split())
+    assert "latest evaluation: 0.667 [0." in shown and "on heldout (30 tasks x 2); vs base +0.667 [+0." in shown
+    assert "gain beyond noise, gate, " in shown
 
     # Nothing listens on this port: the publish fails, exits 1, and the registry says why.
     url = f"http://127.0.0.1:{free_port()}"

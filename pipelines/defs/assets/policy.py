@@ -89,7 +89,9 @@ def _round(
         meta.update({f"eval_{k}": v for k, v in published.scores.items()})
         from trainer.trackers import log_eval
 
-        log_eval(result.tracking_url, published.scores)  # the scores beside the round's curves
+        numeric = {k.removeprefix("eval_"): v for k, v in published.comparison.items() if isinstance(v, int | float)}
+        log_eval(result.tracking_url, {**published.scores, **numeric})  # beside the round's curves
+        meta.update(published.comparison)  # the paired difference, its interval and verdict (serving.evaluation)
         scores = ", ".join(f"{k} {v:.3f}" for k, v in published.scores.items())
         context.log.info(f"{line}{result.version}: {published.status} in {published.seconds:.2f}s {scores}".strip())
     return meta
