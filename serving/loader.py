@@ -228,7 +228,7 @@ class Loader:
             restart_timeout_s=serving.restart_timeout_s,
             gateway_url=gateway_url or serving.gateway_url or None,
             gateway_headers=settings.gateway.admin_headers(),
-            registry=_registry_rows(settings) if serving.follow_registry else None,
+            registry=_registry_rows(settings) if serving.follow_registry and _lake_engine(name) else None,
             served_name=settings.model.served_name,
             resync_s=serving.resync_s,
         )
@@ -600,6 +600,25 @@ class Loader:
             log.warning("%s: ack for %s not sent: %s", self.replica, ack["release_id"], exc)
         if on_ack is not None:
             on_ack(ack)
+
+
+LAKE_ENGINE = ("deltalake", "polars")  # what reading `model_versions` takes (the `stack` extra has them)
+
+
+def _lake_engine(replica: str) -> bool:
+    """True when the lake can be read here. A replica host with only the `serving` extra has no lake engine:
+    its loader carries out releases off the models topic, and does not restore from the registry (warned)."""
+    import importlib.util
+
+    missing = [m for m in LAKE_ENGINE if importlib.util.find_spec(m) is None]
+    if missing:
+        log.warning(
+            "%s: serving.follow_registry needs %s to read the registry (pip install 'agentlake[stack]'); "
+            "this loader follows release commands only",
+            replica,
+            " and ".join(missing),
+        )
+    return not missing
 
 
 def _registry_rows(settings: Settings) -> RegistryRows:
