@@ -44,6 +44,12 @@ class ChatRolloutResult(RolloutResult):
     transcript: list[dict[str, str]] = field(default_factory=list)
 
 
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of a rollout's ``turn``-th model call: ``seed + turn`` (None: unseeded), so a
+    multi-turn rollout draws the same samples each time it is replayed for a paired evaluation."""
+    return None if seed is None else seed + turn
+
+
 def chat_turn(
     client: httpx.Client,
     result: ChatRolloutResult,

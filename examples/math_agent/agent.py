@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from opentelemetry import trace
 
-from examples.common import ChatRolloutResult, chat_turn, rollout_span, run_rollouts
+from examples.common import ChatRolloutResult, chat_turn, rollout_span, run_rollouts, turn_seed
 from examples.math_agent.calculator import is_correct, parse_reply, respond
 from examples.math_agent.tasks import MathTask, initial_messages
 
@@ -55,7 +55,7 @@ def run_rollout(
                 temperature=temperature,
                 max_tokens=max_tokens,
                 stop=STOP,
-                seed=None if seed is None else seed + turn,
+                seed=turn_seed(seed, turn),
             )
             reply = parse_reply(text)
             if reply.answer is not None:

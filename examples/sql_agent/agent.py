@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from opentelemetry import trace
 
-from examples.common import ChatRolloutResult, chat_turn, rollout_span, run_rollouts
+from examples.common import ChatRolloutResult, chat_turn, rollout_span, run_rollouts, turn_seed
 from examples.sql_agent.database import connect
 from examples.sql_agent.sqlrun import SqlError, execute, parse_sql, results_match
 from examples.sql_agent.tasks import SqlTask, initial_messages
@@ -72,7 +72,7 @@ def run_rollout(
                 temperature=temperature,
                 max_tokens=max_tokens,
                 stop=STOP,
-                seed=None if seed is None else seed + attempt,
+                seed=turn_seed(seed, attempt),
             )
             sql = parse_sql(text)
             if sql is None:

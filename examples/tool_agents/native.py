@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from opentelemetry import propagate, trace
 
-from examples.common import ROLLOUT_HEADER, ChatRolloutResult, rollout_span, run_rollouts
+from examples.common import ROLLOUT_HEADER, ChatRolloutResult, rollout_span, run_rollouts, turn_seed
 from examples.math_agent.calculator import is_correct
 from examples.math_agent.tasks import MathTask
 from examples.tool_agents import calculator_tool as calc
@@ -114,7 +114,7 @@ def run_rollout(
                 model=model,
                 temperature=temperature,
                 max_tokens=max_tokens,
-                seed=None if seed is None else seed + k,
+                seed=turn_seed(seed, k),
             )
             calls = turn.get("tool_calls") or []
             if not calls:
