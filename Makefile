@@ -4,8 +4,9 @@
 venv:
 	@bash scripts/bootstrap.sh
 
+# `make demo SEED=1` trains and samples with another seed (the held-out set stays the same)
 demo: venv
-	@.venv/bin/python -m examples.closed_loop
+	@.venv/bin/python -m examples.closed_loop $(if $(SEED),--seed $(SEED))
 
 test: venv
 	@bash scripts/test.sh
