@@ -129,7 +129,8 @@ def build_lake(root: str) -> Lake:
     lake.write("rewards", pa.Table.from_pylist([decode_reward_event(reward_event("r0", 0.9))], schema=REWARDS))
     update_trajectories(lake, KAFKA, idle_timeout_s=1e9, now=NOW)
     update_transitions(lake, CreditSettings(merge_calls=True), now=NOW)
-    rebuild_variant(lake, CreditSettings(mode="discounted", gamma=0.9, advantage="rloo", merge_calls=True), name="disc09", now=NOW)
+    variant = CreditSettings(mode="discounted", gamma=0.9, advantage="rloo", merge_calls=True)
+    rebuild_variant(lake, variant, name="disc09", now=NOW)
     judged = [("r0", 1, 9.0, 1.0, "r0 checked the tool and answered 42"), ("r1", 2, 2.0, 0.0, JUDGE_REASON)]
     store(
         lake,
