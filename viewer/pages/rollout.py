@@ -38,12 +38,12 @@ def token_cells(t: TransitionView, scale: float) -> list[TokenCell]:
     rgb = "22,163,74" if adv > 0 else "220,38,38" if adv < 0 else "148,163,184"
     out = []
     for tok in t.tokens:
-        lp = "logprob unknown" if tok.logprob is None else f"logprob {tok.logprob:.4f}"
-        title = f"{lp} · {'trained' if tok.trained else 'masked (observation)'} · advantage {adv:+.4f}"
         if tok.trained:
+            lp = "logprob unknown" if tok.logprob is None else f"logprob {tok.logprob:.4f}"
+            title = f"{lp} · trained · advantage {adv:+.4f}"
             out.append(TokenCell(tok.text, "tok", f"background: rgba({rgb},{alpha:.2f})", title))
-        else:
-            out.append(TokenCell(tok.text, "tok masked", "", title))
+        else:  # an observation (a tool result, the next user turn): not sampled, so no logprob of its own
+            out.append(TokenCell(tok.text, "tok masked", "", "masked (observation): not trained"))
     return out
 
 

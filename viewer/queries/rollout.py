@@ -63,6 +63,15 @@ class RolloutView:
     judgements: list[dict[str, Any]]
     variants: dict[str, list[TransitionView]]  # "transitions" first, then transitions__<variant>
 
+    @property
+    def total_ms(self) -> float:
+        """The span tree's extent (ms from the rollout's start to the last span's end), for the timing bars."""
+
+        def end(n: SpanNode) -> float:
+            return max([n.offset_ms + (n.duration_ms or 0.0), *(end(c) for c in n.children)])
+
+        return max([1.0, *(end(n) for n in self.spans)])
+
 
 def _same_attempt(column: str = "attempt_id") -> str:
     return f"{column} IS NOT DISTINCT FROM ?"
