@@ -83,16 +83,25 @@ def find_trajectory(
     """The rollout's chosen row (``tenant``/``attempt`` when given, else the latest updated) and all rows'
     (tenant, attempt_id) under this id in scope; (None, []) when the rollout is not there."""
     tenant_sql, params = scope.tenant_filter("tenant")
-    rows = lake.frame(
-        f"SELECT * FROM trajectories WHERE rollout_id = ? AND {tenant_sql} "
+    # the keys first (small columns), then the one whole row from its day's partition only
+    keys = lake.frame(
+        f"SELECT tenant, attempt_id, day FROM trajectories WHERE rollout_id = ? AND {tenant_sql} "
         "ORDER BY updated_at DESC, tenant, attempt_id NULLS FIRST",
         [rollout_id, *params],
     ).to_dicts()
-    attempts = [{"tenant": r["tenant"], "attempt_id": r["attempt_id"]} for r in rows]
+    attempts = [{"tenant": r["tenant"], "attempt_id": r["attempt_id"]} for r in keys]
     chosen = [
-        r for r in rows if (tenant is None or r["tenant"] == tenant) and (attempt is None or r["attempt_id"] == attempt)
+        r for r in keys if (tenant is None or r["tenant"] == tenant) and (attempt is None or r["attempt_id"] == attempt)
     ]
-    return (chosen[0] if chosen else None), attempts
+    if not chosen:
+        return None, attempts
+    key = chosen[0]
+    rows = lake.frame(
+        f"SELECT * FROM trajectories WHERE day = ? AND tenant = ? AND rollout_id = ? AND {_same_attempt()} "
+        "ORDER BY updated_at DESC LIMIT 1",
+        [key["day"], key["tenant"], rollout_id, key["attempt_id"]],
+    ).to_dicts()
+    return (rows[0] if rows else None), attempts
 
 
 def span_tree(lake: ViewerLake, trajectory: dict[str, Any]) -> list[SpanNode]:

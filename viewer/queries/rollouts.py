@@ -3,7 +3,8 @@
 Filters arrive as query-string text and are checked into ``RolloutFilters`` first (a ``FilterError``
 names what is wrong). The SQL is built from fixed fragments only; every value is a DuckDB parameter
 and the sort column comes from ``SORTS``. Pages are ordered by the sort column and then by
-(tenant, rollout_id, attempt_id), which is unique, so paging is stable.
+(tenant, rollout_id, attempt_id), which is unique, so paging is stable. A response id is looked up in
+``spans`` (so a rollout whose spans retention removed is found by its rollout or trace id only).
 """
 
 from __future__ import annotations
@@ -137,11 +138,16 @@ def where(scope: Scope, flt: RolloutFilters) -> tuple[str, list[Any]]:
     if flt.status is not None:
         add("status = ?", flt.status)
     if flt.q is not None:
+        # a response id is found through its span (one small column), not the trajectories' calls (their
+        # messages and token ids would be read too); the subquery runs once
+        span_tenant, span_params = scope.tenant_filter("tenant")
         add(
-            "(rollout_id = ? OR list_contains(trace_ids, ?) OR list_contains([c.llm_response_id FOR c IN calls], ?))",
+            "(rollout_id = ? OR list_contains(trace_ids, ?) OR list_has_any(trace_ids, "
+            f"(SELECT coalesce(list(DISTINCT trace_id), []) FROM spans WHERE llm_response_id = ? AND {span_tenant})))",
             flt.q,
             flt.q,
             flt.q,
+            *span_params,
         )
     return " AND ".join(parts), params
 
