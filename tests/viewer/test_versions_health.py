@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -15,7 +14,7 @@ from starlette.testclient import TestClient
 
 from schemas.config import load_settings
 from schemas.lake import Lake
-from tests.viewer.versions_lake import A, B, KAFKA, NOW, TRACKING, build
+from tests.viewer.versions_lake import KAFKA, NOW, TRACKING, A, B, build
 from viewer.app import create_app
 from viewer.auth import OPERATOR, Scope
 from viewer.lake import ViewerLake
@@ -89,7 +88,9 @@ def test_version_detail_lineage_and_tenant_scoped_rollouts(lake: Lake) -> None:
     assert [a["version"] for a in d.ancestors] == ["v0001"] and [x["version"] for x in d.descendants] == ["v0003"]
     assert d.n_rollouts == 3 and d.n_transitions == 4
     assert sorted(zip(d.rollouts["tenant"], d.rollouts["rollout_id"], strict=True)) == [
-        (A, "a-r2"), (A, "a-r3"), (B, "b-r1")
+        (A, "a-r2"),
+        (A, "a-r3"),
+        (B, "b-r1"),
     ]
     assert d.rollouts.filter(pl.col("rollout_id") == "a-r3")["transitions"].item() == 2
     assert d.evaluations["verdict"].to_list() == ["gain beyond noise"]
@@ -101,11 +102,13 @@ def test_version_detail_lineage_and_tenant_scoped_rollouts(lake: Lake) -> None:
 def test_ingest_positions_and_left_out_counts(lake: Lake) -> None:
     vl = ViewerLake(lake)
     (spans, rewards) = h.ingest_positions(vl, KAFKA)
-    assert [(p.topic, p.partition, p.watermark) for p in spans.partitions] == [("s", 0, 8)]  # offsets 0..8: the rollouts
+    # offsets 0..8 hold the rollouts; the junk record at 9 went to `quarantine` with that table's own watermark
+    assert [(p.topic, p.partition, p.watermark) for p in spans.partitions] == [("s", 0, 8)]
     assert rewards.version is None and rewards.partitions == []
-    counts = {c.label: c.n for c in h.left_out(vl, OPERATOR, load_settings(environ={}).credit, NOW)}
+    credit = load_settings(environ={}).credit
+    counts = {c.label: c.n for c in h.left_out(vl, OPERATOR, credit, NOW)}
     assert counts["waiting for a reward"] == 1 and counts["quarantined"] == 1 and counts["running"] == 0
-    tenant = {c.label: c.n for c in h.left_out(vl, Scope(tenant=B, operator=False), load_settings(environ={}).credit, NOW)}
+    tenant = {c.label: c.n for c in h.left_out(vl, Scope(tenant=B, operator=False), credit, NOW)}
     assert tenant["waiting for a reward"] == 0 and "quarantined" not in tenant
 
 

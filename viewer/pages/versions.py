@@ -66,7 +66,9 @@ async def versions_page(request: Request) -> Response:
             "total": total,
             "pager": _pages(f.page, total, params),
             "version_href": version_href,
-            "plot_versions": reward_plot(by_version, title="Reward per policy version", series_label="version", bucket=bucket),
+            "plot_versions": reward_plot(
+                by_version, title="Reward per policy version", series_label="version", bucket=bucket
+            ),
             "plot_agents": reward_plot(by_agent, title="Reward per agent", series_label="agent", bucket=bucket),
         },
     )
@@ -83,9 +85,11 @@ async def version_page(request: Request) -> Response:
     if detail is None:
         raise NotFound(f"Model version {version!r}")
     # the version beside its parent and children, so a step up or down shows; and per agent, its own rollouts
-    family = [a["version"] for a in detail.ancestors[:1]] + [version] + [
-        d["version"] for d in detail.descendants if d["parent_version"] == version
-    ]
+    family = (
+        [a["version"] for a in detail.ancestors[:1]]
+        + [version]
+        + [d["version"] for d in detail.descendants if d["parent_version"] == version]
+    )
     by_version = q.reward_over_time(lake, scope, by="version", bucket=bucket, versions=family)
     by_agent = q.reward_over_time(lake, scope, by="agent", bucket=bucket, versions=[version])
     rollouts = [{**r, "href": rollout_href(r["rollout_id"])} for r in detail.rollouts.to_dicts()]
@@ -103,8 +107,10 @@ async def version_page(request: Request) -> Response:
             "pager": _pages(page, detail.n_rollouts, params),
             "version_href": version_href,
             "plot_versions": reward_plot(
-                by_version, title=f"Reward of rollouts sampled by {version}, its parent and children",
-                series_label="version", bucket=bucket,
+                by_version,
+                title=f"Reward of rollouts sampled by {version}, its parent and children",
+                series_label="version",
+                bucket=bucket,
             ),
             "plot_agents": reward_plot(
                 by_agent, title=f"Reward per agent, rollouts sampled by {version}", series_label="agent", bucket=bucket

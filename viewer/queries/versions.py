@@ -238,6 +238,6 @@ def reward_over_time(
         {**params, "bucket": bucket, "versions": versions, "agent": agent, "by": by},
     )
     half = pl.lit(Z95) * pl.col("sd") / pl.col("n").cast(pl.Float64).sqrt()
-    return frame.with_columns(
-        (pl.col("mean") - half).alias("low"), (pl.col("mean") + half).alias("high")
-    ).select("bucket", "key", "n", "mean", "low", "high")
+    return frame.with_columns((pl.col("mean") - half).alias("low"), (pl.col("mean") + half).alias("high")).select(
+        "bucket", "key", "n", "mean", "low", "high"
+    )
