@@ -7,9 +7,12 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from schemas.config import load_settings
@@ -182,3 +185,23 @@ def test_a_tenant_sees_only_its_rollouts_and_rewards_on_these_pages(client: Test
     assert all("solver" not in s for s in plots)
     assert get(client, "/versions").status_code == 200
     assert client.get("/versions").status_code == 401  # tokens configured: no token, no page
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.sampled_from(["page", "status", "bucket", "agent"]),
+    value=st.text(max_size=30),
+    path=st.sampled_from(["/versions", "/versions/v0002", "/health"]),
+)
+def test_any_query_value_is_a_page_or_a_400_never_a_500(client: TestClient, name: str, value: str, path: str) -> None:
+    r = client.get(path, params={name: value}, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code in (200, 400), (path, name, value, r.status_code)
+    if r.status_code == 400:
+        assert f"{name}=" in r.text and "is not valid" in r.text
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(version=st.text(min_size=1, max_size=40).filter(lambda v: v not in ("v0001", "v0002", "v0003")))
+def test_any_unknown_version_is_a_404_or_a_400(client: TestClient, version: str) -> None:
+    r = client.get("/versions/" + quote(version, safe=""), headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code in (400, 404), (version, r.status_code)

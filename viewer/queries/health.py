@@ -161,7 +161,9 @@ def left_out(lake: ViewerLake, scope: Scope, credit: CreditSettings, now: dt.dat
     ]
     if scope.operator:
         q = lake.frame("SELECT count(*) AS n FROM quarantine").item()
-        counts.append(Count("quarantined", int(q), "Kafka records ingestion could not decode, kept in `quarantine`"))
+        counts.append(
+            Count("quarantined", int(q), "Kafka records ingestion could not decode, kept in the quarantine table")
+        )
     return counts
 
 
