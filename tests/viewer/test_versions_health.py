@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import polars as pl
@@ -136,8 +137,8 @@ def test_version_page_shows_lineage_rollouts_evaluations_and_tracker_run(client:
     assert page.status_code == 200, page.text
     text = page.text
     assert 'href="/versions/v0001"' in text and 'href="/versions/v0003"' in text  # came from, went to
-    for rid in ("a-r2", "a-r3", "b-r1"):
-        assert f'href="/rollouts/{rid}"' in text
+    for rid, tenant in (("a-r2", A), ("a-r3", A), ("b-r1", B)):
+        assert f'href="/rollouts/{rid}?tenant={tenant}"' in text
     assert "0.620 [0.550, 0.700]" in text and "+0.220 [+0.120, +0.310]" in text
     assert f'href="{TRACKING}"' in text
     assert len(svg_text(text)) == 2
@@ -174,7 +175,7 @@ def test_health_page_shows_watermarks_counts_and_where_the_checks_are(client: Te
 def test_a_tenant_sees_only_its_rollouts_and_rewards_on_these_pages(client: TestClient) -> None:
     version = get(client, "/versions/v0002", token="tok-b")
     assert version.status_code == 200
-    assert 'href="/rollouts/b-r1"' in version.text
+    assert 'href="/rollouts/b-r1?tenant=team-b"' in version.text
     assert "a-r2" not in version.text and "a-r3" not in version.text
     health = get(client, "/health", token="tok-b")
     assert health.status_code == 200
@@ -201,7 +202,19 @@ def test_any_query_value_is_a_page_or_a_400_never_a_500(client: TestClient, name
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(version=st.text(min_size=1, max_size=40).filter(lambda v: v not in ("v0001", "v0002", "v0003")))
+@given(version=st.text(min_size=1, max_size=40).filter(lambda v: v not in ("v0001", "v0002", "v0003", ".", "..")))
 def test_any_unknown_version_is_a_404_or_a_400(client: TestClient, version: str) -> None:
+    """("." and ".." are not names: the client resolves them as path steps, as a browser does.)"""
     r = client.get("/versions/" + quote(version, safe=""), headers={"Authorization": f"Bearer {ADMIN}"})
     assert r.status_code in (400, 404), (version, r.status_code)
+
+
+def test_an_empty_lake_serves_these_pages_and_404s_every_version(tmp_path: Path) -> None:
+    settings = load_settings(environ={}, overrides={"state": {"dir": str(tmp_path / "state")}})
+    with TestClient(create_app(settings, Lake(str(tmp_path / "lake")))) as c:
+        versions = c.get("/versions")
+        assert versions.status_code == 200 and "No model versions yet" in versions.text
+        health = c.get("/health")
+        assert health.status_code == 200 and "not written yet: nothing ingested" in health.text
+        assert "no rollouts with a final reward" in svg_text(health.text)[0]
+        assert c.get("/versions/v0001").status_code == 404

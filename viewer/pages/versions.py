@@ -18,9 +18,10 @@ from viewer.queries.params import page_number
 from viewer.templating import render
 
 
-def rollout_href(rollout_id: str) -> str:
-    """The rollout page of ``rollout_id`` (any character quoted, "/" included)."""
-    return "/rollouts/" + quote(rollout_id, safe="")
+def rollout_href(rollout_id: str, tenant: str | None = None) -> str:
+    """The rollout page of ``rollout_id`` (any character quoted, "/" included), of ``tenant`` (two tenants may
+    use one id)."""
+    return "/rollouts/" + quote(rollout_id, safe="") + ("?" + urlencode({"tenant": tenant}) if tenant else "")
 
 
 def version_href(version: str) -> str:
@@ -92,7 +93,7 @@ async def version_page(request: Request) -> Response:
     )
     by_version = q.reward_over_time(lake, scope, by="version", bucket=bucket, versions=family)
     by_agent = q.reward_over_time(lake, scope, by="agent", bucket=bucket, versions=[version])
-    rollouts = [{**r, "href": rollout_href(r["rollout_id"])} for r in detail.rollouts.to_dicts()]
+    rollouts = [{**r, "href": rollout_href(r["rollout_id"], r["tenant"])} for r in detail.rollouts.to_dicts()]
     return render(
         request,
         "version.html",
