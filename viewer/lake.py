@@ -37,12 +37,12 @@ class ViewerLake:
     def _connection(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
             if self._con is None or time.monotonic() - self._opened > self.refresh_s:
-                old, self._con = self._con, connect(self.lake)
+                # The old connection is dropped, not closed: a query on another thread may still run on a
+                # cursor of it; DuckDB closes it when the last cursor goes.
+                self._con = _shareable(connect(self.lake))
                 self._opened = time.monotonic()
                 rows = self._con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
                 self._tables = frozenset(r[0] for r in rows)
-                if old is not None:
-                    old.close()
             return self._con
 
     def tables(self) -> frozenset[str]:
@@ -69,6 +69,17 @@ class ViewerLake:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+
+
+def _shareable(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """``connect`` reads a missing table as a view over a registered empty Arrow table, which only that
+    connection sees; copy each into the database (as an empty table) so every cursor can read it."""
+    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND sql LIKE '%_empty%'").fetchall()
+    for (name,) in rows:
+        if name in TABLES:  # the fixed table names only
+            con.execute(f"CREATE OR REPLACE TABLE _{name}_none AS SELECT * FROM {name}")
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{name}_none")
+    return con
 
 
 def known_table(name: str, lake: ViewerLake) -> str:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
+from urllib.parse import quote
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from pipelines.gold.retokenize import policy_retokenizer
@@ -21,7 +25,7 @@ def section(page: str, anchor: str) -> str:
     return page[start : end if end > 0 else None]
 
 
-def test_rollout_page_shows_spans_calls_rewards_and_tokens(client: TestClient, tmp_path: object) -> None:
+def test_rollout_page_shows_spans_calls_rewards_and_tokens(client: TestClient, tmp_path: Path) -> None:
     page = client.get("/rollouts/r0", params={"tenant": "default"})
     assert page.status_code == 200
     text = page.text
@@ -44,7 +48,7 @@ def test_rollout_page_shows_spans_calls_rewards_and_tokens(client: TestClient, t
     assert "r0 checked the tool and answered 42" in rewards and "fn:judge@1" in rewards
 
     transitions = section(text, "transitions")
-    tok = policy_retokenizer(viewer_settings(tmp_path))()  # type: ignore[arg-type]
+    tok = policy_retokenizer(viewer_settings(tmp_path))()
     assert tok is not None
     # one merged transition: 3 answers of 3 trained tokens, 2 masked observation tokens between them
     trained = re.findall(
@@ -80,3 +84,13 @@ def test_bad_rollout_parameters_are_a_400(client: TestClient) -> None:
     page = client.get("/rollouts/r0", params={"foo": "1"})
     assert page.status_code == 400 and "unknown parameter &#39;foo&#39;" in page.text
     assert client.get("/rollouts/r0", params={"tenant": "x" * 300}).status_code == 400
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rollout_id=st.text(min_size=1, max_size=40), attempt=st.none() | st.text(max_size=20))
+def test_any_rollout_id_is_a_page_or_a_404_never_a_500(
+    client: TestClient, rollout_id: str, attempt: str | None
+) -> None:
+    params = {} if attempt is None else {"attempt": attempt}
+    page = client.get("/rollouts/" + quote(rollout_id, safe=""), params=params)
+    assert page.status_code in (200, 400, 404), (rollout_id, page.text[:300])
