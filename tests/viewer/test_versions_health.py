@@ -83,7 +83,7 @@ def test_reward_over_time_per_version_and_agent_matches_the_trajectories(lake: L
     mine = q.reward_over_time(vl, Scope(tenant=B, operator=False), by="agent", bucket="week")
     assert set(mine["key"]) == {"spy"} and mine["n"].sum() == 3 and set(mine["mean"]) == {0.0}
     assert mine["bucket"].to_list() == [dt.datetime(2026, 2, 23, tzinfo=dt.UTC), dt.datetime(2026, 3, 2, tzinfo=dt.UTC)]
-    theirs = q.reward_over_time(vl, Scope(tenant=A, operator=False), by="agent", bucket="day", versions=["v0002"])
+    theirs = q.reward_over_time(vl, Scope(tenant=A, operator=False), by="agent", bucket="day", sampled_by="v0002")
     assert set(theirs["key"]) == {"solver"} and theirs["mean"].to_list() == [1.0, 1.0]
 
 

@@ -92,7 +92,7 @@ async def version_page(request: Request) -> Response:
         + [d["version"] for d in detail.descendants if d["parent_version"] == version]
     )
     by_version = q.reward_over_time(lake, scope, by="version", bucket=bucket, versions=family)
-    by_agent = q.reward_over_time(lake, scope, by="agent", bucket=bucket, versions=[version])
+    by_agent = q.reward_over_time(lake, scope, by="agent", bucket=bucket, sampled_by=version)
     rollouts = [{**r, "href": rollout_href(r["rollout_id"], r["tenant"])} for r in detail.rollouts.to_dicts()]
     return render(
         request,
