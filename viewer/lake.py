@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import duckdb
 import polars as pl
@@ -21,6 +21,7 @@ from schemas.lake import Lake
 from schemas.tables import TABLES
 
 Params = Sequence[Any] | Mapping[str, Any]
+T = TypeVar("T")
 
 
 class ViewerLake:
@@ -33,6 +34,7 @@ class ViewerLake:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._opened = 0.0
         self._tables: frozenset[str] = frozenset()
+        self._cache: dict[Hashable, tuple[float, Any]] = {}
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
@@ -63,6 +65,17 @@ class ViewerLake:
             return cur.execute(sql, params if params is not None else []).pl()
         finally:
             cur.close()
+
+    def cached(self, key: Hashable, compute: Callable[[], T], *, ttl_s: float = 60.0) -> T:
+        """``compute()``'s value, kept ``ttl_s`` under ``key``: for whole-table summaries (the filter form's
+        choices) that a page would otherwise recompute on every request of a large lake."""
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < ttl_s:
+            return hit[1]
+        value = compute()
+        self._cache[key] = (now, value)
+        return value
 
     def close(self) -> None:
         with self._lock:

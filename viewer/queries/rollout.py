@@ -148,9 +148,10 @@ def _json(raw: Any) -> Any:  # noqa: ANN401 - JSON text as stored
 def transitions(lake: ViewerLake, table: str, trajectory: dict[str, Any], tokens: TokenText) -> list[TransitionView]:
     """The rollout attempt's rows of ``table`` (``transitions`` or a variant) in step order, tokens decoded."""
     name = known_table(table, lake)
+    # a transition's day is its trajectory's: the partition filter lets DuckDB read that day's files only
     rows = lake.frame(
-        f"SELECT * FROM {name} WHERE tenant = ? AND rollout_id = ? AND {_same_attempt()} ORDER BY step",
-        [trajectory["tenant"], trajectory["rollout_id"], trajectory["attempt_id"]],
+        f"SELECT * FROM {name} WHERE day = ? AND tenant = ? AND rollout_id = ? AND {_same_attempt()} ORDER BY step",
+        [trajectory["day"], trajectory["tenant"], trajectory["rollout_id"], trajectory["attempt_id"]],
     ).to_dicts()
     trained = _trained_in(lake, [r["transition_id"] for r in rows])
     out = []
