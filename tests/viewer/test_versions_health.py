@@ -142,7 +142,7 @@ def test_version_page_shows_lineage_rollouts_evaluations_and_tracker_run(client:
     for rid, tenant in (("a-r2", A), ("a-r3", A), ("b-r1", B)):
         assert f'href="/rollouts/{rid}?tenant={tenant}"' in text
     assert "0.620 [0.550, 0.700]" in text and "+0.220 [+0.120, +0.310]" in text
-    assert f'href="{TRACKING}"' in text
+    assert f'href="{TRACKING}"' in text and "/lake/transitions</code>" in text
     assert len(svg_text(text)) == 2
 
 
@@ -179,6 +179,7 @@ def test_a_tenant_sees_only_its_rollouts_and_rewards_on_these_pages(client: Test
     assert version.status_code == 200
     assert 'href="/rollouts/b-r1?tenant=team-b"' in version.text
     assert "a-r2" not in version.text and "a-r3" not in version.text
+    assert "/lake/transitions</code>" not in version.text  # how much every tenant gave it is the operator's
     health = get(client, "/health", token="tok-b")
     assert health.status_code == 200
     (svg,) = svg_text(health.text)
