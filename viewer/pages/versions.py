@@ -1,5 +1,7 @@
 """/versions (the registry's versions, reward per version and per agent) and /versions/{version} (its lineage,
-the rollouts it trained on, its evaluations, its tracker run, the reward of what it sampled)."""
+the rollouts it trained on, its evaluations, its tracker run, the reward of what it sampled).
+
+Handlers are plain functions, run on Starlette's thread pool (see viewer/pages/health.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def _pages(page: int, total: int, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def versions_page(request: Request) -> Response:
+def versions_page(request: Request) -> Response:
     scope = request_scope(request)
     params = dict(request.query_params)
     f = q.VersionsFilter.parse(params)
@@ -75,7 +77,7 @@ async def versions_page(request: Request) -> Response:
     )
 
 
-async def version_page(request: Request) -> Response:
+def version_page(request: Request) -> Response:
     scope = request_scope(request)
     version = q.version_name(request.path_params["version"])
     params = dict(request.query_params)
