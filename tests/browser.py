@@ -8,7 +8,7 @@ profile (``--user-data-dir`` in a fresh temporary folder), so nothing leaks betw
 
 Fixtures: ``chromium`` (one browser per session), ``browser_page`` (a fresh context and page per test,
 screenshot saved when the test fails) and ``screenshots`` (save named screenshots under
-``$AGENTLAKE_BROWSER_ARTIFACTS`` or the test's ``tmp_path``). ``serve_app`` serves an ASGI app on localhost
+``$BROWSER_ARTIFACTS`` or the test's ``tmp_path``; not an ``AGENTLAKE_`` name, which settings would reject). ``serve_app`` serves an ASGI app on localhost
 for a test's page. Tests using them carry ``@pytest.mark.browser``.
 """
 
@@ -30,7 +30,7 @@ from playwright.sync_api import Browser, Page, Playwright, ViewportSize, sync_pl
 
 from collectors.listen import QuietServer, bind
 
-CHROMIUM = os.environ.get("AGENTLAKE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 # Headless, as root in a container, with no network beyond localhost: what the machine probe found to work.
 CHROMIUM_ARGS = [
     "--headless",
@@ -42,7 +42,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-ARTIFACTS_ENV = "AGENTLAKE_BROWSER_ARTIFACTS"
+ARTIFACTS_ENV = "BROWSER_ARTIFACTS"
 VIEWPORT: ViewportSize = {"width": 1400, "height": 900}
 
 
@@ -74,7 +74,7 @@ def _safe(name: str) -> str:
 
 
 def artifacts_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    """``$AGENTLAKE_BROWSER_ARTIFACTS/<test name>`` when set (CI keeps it), else the test's tmp_path."""
+    """``$BROWSER_ARTIFACTS/<test name>`` when set (CI keeps it), else the test's tmp_path."""
     root = os.environ.get(ARTIFACTS_ENV, "").strip()
     if not root:
         return tmp_path / "screenshots"
