@@ -8,8 +8,9 @@ profile (``--user-data-dir`` in a fresh temporary folder), so nothing leaks betw
 
 Fixtures: ``chromium`` (one browser per session), ``browser_page`` (a fresh context and page per test,
 screenshot saved when the test fails) and ``screenshots`` (save named screenshots under
-``$BROWSER_ARTIFACTS`` or the test's ``tmp_path``; not an ``AGENTLAKE_`` name, which settings would reject). ``serve_app`` serves an ASGI app on localhost
-for a test's page. Tests using them carry ``@pytest.mark.browser``.
+``$BROWSER_ARTIFACTS`` or the test's ``tmp_path``; not an ``AGENTLAKE_`` name, which settings would
+reject). ``serve_app`` serves an ASGI app on localhost for a test's page. Tests using them carry
+``@pytest.mark.browser``.
 """
 
 from __future__ import annotations

@@ -9,12 +9,14 @@ the test's artifacts (tests/browser.py); with UPDATE_DOC_SCREENSHOTS=1 also to d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page
 
 from agentlake.stack import dagster, postgres
@@ -34,6 +36,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 DOC_IMAGES = REPO / "docs" / "img"
+DOC_SHOTS = ("dagster-runs", "mlflow-run")  # the two docs/training.md shows
 UI_TIMEOUT_MS = 120_000  # two shared cores: the webserver's first GraphQL answers take a while
 # the per-step curves an RL engineer looks at first (trainer.trackers logs them each step)
 METRICS = ("loss", "entropy", "kl", "clip_frac", "grad_norm", "zero_adv_frac")
@@ -54,7 +57,7 @@ def _wait_text(page: Page, text: str) -> None:
 
 def _shot(screenshots: Screenshots, page: Page, name: str) -> None:
     screenshots.save(page, name, full_page=False)
-    if os.environ.get("UPDATE_DOC_SCREENSHOTS") == "1":
+    if name in DOC_SHOTS and os.environ.get("UPDATE_DOC_SCREENSHOTS") == "1":
         screenshots.save(page, name, full_page=False, path=DOC_IMAGES / f"{name}.png")
 
 
@@ -94,7 +97,10 @@ def test_dagster_and_mlflow_uis_show_the_round(
         )
         assert settings.tracking.uri and settings.dagster.profile == "production"
         resources = resources_from_settings(settings)
-        resources["trainer"] = resources["trainer"].model_copy(update={"publish": False})  # no vLLM to publish to
+        # no vLLM to publish to (a model_copy would not do: Dagster rebuilds a resource from its init arguments)
+        trainer = resources["trainer"]
+        fields = {name: getattr(trainer, name) for name in type(trainer).model_fields}
+        resources["trainer"] = type(trainer)(**{**fields, "publish": False})
         for key, value in dagster.instance_env(settings).items():  # the stack's instance, in PostgreSQL
             monkeypatch.setenv(key, value)
         with DagsterInstance.get() as instance:
@@ -107,23 +113,39 @@ def test_dagster_and_mlflow_uis_show_the_round(
         mlflow_run = MlflowClient(tracking_uri=settings.tracking.uri).get_run(tracking_url.rsplit("/runs/", 1)[1])
         assert mlflow_run.info.run_name == "v0001" and set(METRICS) <= set(mlflow_run.data.metrics)
 
-        # Dagster: the Runs page lists the run (its id's first 8 characters), and the run's page shows its step
+        # Dagster: the Runs page lists the run (its id's first 8 characters); its page shows the step succeed;
+        # the policy asset's page links the round's MLflow run (the materialization's tracking_run)
         web = f"http://{settings.dagster.host}:{settings.dagster.port}"
         page = browser_page
         page.goto(f"{web}/runs")
         _wait_text(page, run_id[:8])
-        _wait_text(page, "Success")
         _shot(screenshots, page, "dagster-runs")
         page.get_by_text(run_id[:8], exact=True).first.click()
         page.wait_for_url(f"**/runs/{run_id}*", timeout=UI_TIMEOUT_MS)
-        _wait_text(page, "policy")
+        _wait_text(page, "RUN_SUCCESS")
+        _wait_text(page, 'Finished execution of step "policy"')
         _shot(screenshots, page, "dagster-run")
+        page.goto(f"{web}/assets/policy")
+        page.get_by_placeholder("Filter metadata keys").fill("tracking_run")
+        _wait_text(page, tracking_url)
+        _shot(screenshots, page, "dagster-policy-asset")
 
-        # MLflow: the round's run, as the asset's metadata links it, with its name and per-step metrics
+        # MLflow: the experiment's runs list the round (v0001), and its page charts each per-step metric
         page.goto(tracking_url)
         _wait_text(page, "v0001")
-        for name in METRICS:
-            _wait_text(page, name)
+        with contextlib.suppress(PlaywrightError):  # MLflow 3's assistant panel covers a third of the page
+            page.get_by_role("button", name="Close").click(timeout=5_000)
+        page.get_by_text("Model training", exact=True).first.click()  # the experiment's runs, as a training view
+        page.get_by_text("v0001", exact=True).first.click()
+        page.wait_for_url(f"**/runs/{mlflow_run.info.run_id}*", timeout=UI_TIMEOUT_MS)
+        page.get_by_text("Model metrics", exact=True).first.click()
+        search = page.get_by_placeholder("Search metric charts")
+        for name in METRICS:  # one chart each, its legend naming the run (charts below the fold render lazily)
+            search.fill(name)
+            _wait_text(page, f"v0001 ({name})")
+        search.fill("")
+        page.set_viewport_size({"width": 1400, "height": 1300})
+        _wait_text(page, "v0001 (loss)")
         _shot(screenshots, page, "mlflow-run")
     finally:
         discard_stack(env)
