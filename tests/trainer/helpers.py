@@ -15,6 +15,7 @@ import torch
 from deltalake import write_deltalake
 
 from schemas.tables import TRANSITIONS
+from trainer.config import TrainConfig
 
 SMOLLM2_DIR = Path(__file__).resolve().parents[2] / ".agentlake" / "models" / "smollm2-135m"
 WORDS = "what is two plus three four five six seven yes no maybe answer the calc result good bad ok".split()
@@ -134,3 +135,17 @@ def token_logprobs_list(model: torch.nn.Module, prompt: list[int], response: lis
     logits = model(input_ids=ids).logits[0, :-1].float()
     lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
     return [float(x) for x in lp[len(prompt) - 1 :]]
+
+
+def small_round_config(lake: Path, model_dir: Path) -> TrainConfig:
+    """A round over the tiny model that trains on whatever is new: rank 4, two steps per epoch at batch 2."""
+    return TrainConfig(
+        lake_root=str(lake),
+        base_model=str(model_dir),
+        checkpoint_dir=str(lake / "models"),
+        min_new_transitions=1,
+        lora_rank=4,
+        batch_size=2,
+        epochs=2,
+        progress=False,
+    )

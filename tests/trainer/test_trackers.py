@@ -16,9 +16,8 @@ import pytest
 import torch
 
 from schemas.lake import Lake
-from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+from tests.trainer.helpers import build_tokenizer, small_round_config, transition, write_transitions
 from trainer import losses, tracking
-from trainer.config import TrainConfig
 from trainer.data import Example
 from trainer.losses import masked_entropy
 from trainer.registry import Registry
@@ -29,19 +28,6 @@ from trainer.train import batch_stats
 
 STEP_KEYS = {"loss", "kl", "clip_frac", "ratio", "grad_norm", "tokens_per_s", "entropy", "reward_mean"}
 STEP_KEYS |= {"adv_std", "zero_adv_frac"}
-
-
-def config(lake: Path, model_dir: Path) -> TrainConfig:
-    return TrainConfig(
-        lake_root=str(lake),
-        base_model=str(model_dir),
-        checkpoint_dir=str(lake / "models"),
-        min_new_transitions=1,
-        lora_rank=4,
-        batch_size=2,
-        epochs=2,
-        progress=False,
-    )
 
 
 def write_round(lake: Path, *, zero: int = 0) -> None:
@@ -95,7 +81,7 @@ def test_tensorboard_event_files_read_back(lake: Path, tiny_model_dir: Path, tmp
 
     write_round(lake, zero=2)
     tracker = make_tracker("tensorboard", root=str(tmp_path / "runs"), experiment="exp", run_name="r1")
-    result = train_once(cfg=config(lake, tiny_model_dir), tracker=tracker)
+    result = train_once(cfg=small_round_config(lake, tiny_model_dir), tracker=tracker)
 
     folder = tmp_path / "runs" / "tensorboard" / "exp" / "r1"
     assert result.version == "v0001" and result.tracking_url == folder.as_uri()
@@ -142,7 +128,7 @@ def wandb_records(path: Path) -> list[object]:
 def test_wandb_offline_run_files_hold_the_metrics(lake: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     write_round(lake)
     tracker = make_tracker("wandb", root=str(tmp_path / "runs"), experiment="exp", run_name="r1")
-    result = train_once(cfg=config(lake, tiny_model_dir), tracker=tracker)
+    result = train_once(cfg=small_round_config(lake, tiny_model_dir), tracker=tracker)
 
     assert result.version == "v0001" and result.tracking_url and result.tracking_url.startswith("file://")
     run_dir = Path(result.tracking_url.removeprefix("file://"))
@@ -189,7 +175,7 @@ def test_a_failing_tracker_warns_once_and_the_round_is_recorded(
     inner = Exploding()
     safe = SafeTracker("exploding", lambda: inner)
     with caplog.at_level(logging.WARNING, logger="trainer.trackers"):
-        result = train_once(cfg=config(lake, tiny_model_dir), tracker=safe)
+        result = train_once(cfg=small_round_config(lake, tiny_model_dir), tracker=safe)
 
     assert result.version == "v0001" and len(result.history) == 4
     assert inner.calls == 2 and not inner.closed, "after its error the tracker is called no more"
@@ -208,7 +194,7 @@ def test_an_unreachable_mlflow_server_warns_and_the_round_keeps_its_metrics(
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with caplog.at_level(logging.WARNING, logger="trainer.trackers"):
         tracker = make_tracker("mlflow", uri=uri, experiment="agentlake", run_name="r")
-        result = train_once(cfg=config(lake, tiny_model_dir), tracker=tracker)
+        result = train_once(cfg=small_round_config(lake, tiny_model_dir), tracker=tracker)
 
     assert result.version == "v0001" and result.tracking_url is None
     warnings = [r.getMessage() for r in caplog.records if r.name == "trainer.trackers"]
@@ -254,7 +240,7 @@ def test_settings_choose_the_tracker(tmp_path: Path) -> None:
 
 def test_round_result_carries_no_url_without_a_tracker(lake: Path, tiny_model_dir: Path) -> None:
     write_round(lake)
-    result: RoundResult = train_once(cfg=config(lake, tiny_model_dir), tracker=MemoryTracker())
+    result: RoundResult = train_once(cfg=small_round_config(lake, tiny_model_dir), tracker=MemoryTracker())
     assert result.version == "v0001" and result.tracking_url is None
     assert registry_row(lake, "v0001")["tracking_url"] is None
 

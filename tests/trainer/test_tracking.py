@@ -7,25 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import build_tokenizer, transition, write_transitions
+from tests.trainer.helpers import build_tokenizer, small_round_config, transition, write_transitions
 from trainer import tracking
-from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.round import train_once
 from trainer.tracking import MemoryTracker, NoTracker, make_tracker, register_tracker
-
-
-def _config(lake: Path, model_dir: Path) -> TrainConfig:
-    return TrainConfig(
-        lake_root=str(lake),
-        base_model=str(model_dir),
-        checkpoint_dir=str(lake / "models"),
-        min_new_transitions=1,
-        lora_rank=4,
-        batch_size=2,
-        epochs=2,
-        progress=False,
-    )
 
 
 def test_a_round_reports_its_params_each_step_and_its_version(lake: Path, tiny_model_dir: Path) -> None:
@@ -37,7 +23,7 @@ def test_a_round_reports_its_params_each_step_and_its_version(lake: Path, tiny_m
     write_transitions(lake, rows)
     tracker = MemoryTracker()
 
-    result = train_once(cfg=_config(lake, tiny_model_dir), tracker=tracker)
+    result = train_once(cfg=small_round_config(lake, tiny_model_dir), tracker=tracker)
 
     assert result.version == "v0001" and tracker.closed
     assert tracker.params["version"] == "v0001" and tracker.params["parent_version"] is None
@@ -51,7 +37,7 @@ def test_a_round_reports_its_params_each_step_and_its_version(lake: Path, tiny_m
     assert last["tokens"] > 0 and last["tokens_per_s"] > 0
 
     skipped = MemoryTracker()  # nothing new to train on: no steps, and still closed
-    assert train_once(cfg=_config(lake, tiny_model_dir), tracker=skipped).version is None
+    assert train_once(cfg=small_round_config(lake, tiny_model_dir), tracker=skipped).version is None
     assert (skipped.steps, skipped.closed) == ([], True)
 
 
