@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 # the product code's types (mypy.ini lists the packages and the strictness)
 .venv/bin/mypy --config-file mypy.ini
 # the documentation site: --strict fails on a broken link, anchor or a page missing from the nav
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet -d "${TMPDIR:-/tmp}/agentlake-site"
+NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --quiet -d "${TMPDIR:-/tmp}/agentlake-site"
