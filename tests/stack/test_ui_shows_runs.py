@@ -81,6 +81,9 @@ def test_dagster_and_mlflow_uis_show_the_round(
         AGENTLAKE_COLLECTOR__GRPC_PORT=str(free_port()),
         AGENTLAKE_DAGSTER__PORT=str(free_port()),
         AGENTLAKE_TRACKING__PORT=str(free_port()),
+        # a port no vLLM listens on: the stack's loader follows the registry, and must not release this
+        # test's version into a vLLM the machine runs for something else (it did, into a running demo)
+        AGENTLAKE_VLLM__PORT=str(free_port()),
         COLUMNS="300",
     )
     try:
