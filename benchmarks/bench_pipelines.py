@@ -184,6 +184,8 @@ def main() -> None:
                 f"transitions {r['trans_s']:.2f}s",
                 flush=True,
             )
+            if size == max(int(x) for x in args.lake_rollouts.split(",") if x.strip()):
+                r["scans"] = in_child(functools.partial(lake_scans, big))
             sized.append((built["rollouts"], r))
             shutil.rmtree(big.root, ignore_errors=True)
         if args.grow > 1:
@@ -250,6 +252,10 @@ def main() -> None:
                 f"{n:>10,}{r['ingest_s']:>10.2f}{r['traj_s']:>9.2f}{r['trans_s']:>9.2f}{total / base_s:>9.2f}"
                 f"{r['ingest_rss_mb']:>11.0f}{r['gold_rss_mb']:>9.0f}{mb / base_mb:>9.2f}{r.get('disk_mb', 0):>9.0f}"
             )
+        for n, r in sized:
+            for label, secs in r.get("scans", {}).items():
+                if label not in ("start_rss_mb", "peak_rss_mb", "children_rss_mb"):
+                    print(f"  on {n:,}: {label}: {secs:.2f}s")
     if grown is not None:
         print()
         print("memory against table size (peak RSS MB, and how far it rose above the process's start)")
@@ -262,6 +268,29 @@ def main() -> None:
                 f"{label:<24}{r['ingest_rss_mb']:>9.0f} (+{r['ingest_work_mb']:.0f}){r['gold_rss_mb']:>9.0f} "
                 f"(+{r['gold_work_mb']:.0f}){r['spans_s']:>12,.0f}{r['roll_s']:>12,.0f}"
             )
+
+
+QUERIES = {  # README / docs/tables.md, and one rollout by id
+    "reward per agent": "SELECT agent_name, avg(reward) FROM transitions GROUP BY 1",
+    "success per day": "SELECT day, avg(final_reward) AS success FROM trajectories GROUP BY 1 ORDER BY 1",
+    "one rollout by id": "SELECT rollout_id, n_llm_calls FROM trajectories WHERE rollout_id = 'c1-roll-17'",
+}
+
+
+def lake_scans(lake: Lake) -> dict[str, Any]:
+    """Seconds of the paths that read the lake outside the steps: the DuckDB queries and forgetting one rollout."""
+    from pipelines.lake.forget import forget
+    from pipelines.lake.query import run_query
+
+    out: dict[str, Any] = {}
+    for label, sql in QUERIES.items():
+        t0 = time.perf_counter()
+        run_query(lake, sql)
+        out[label] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    forget(lake, "default", rollout="c2-roll-5", reason="benchmark")
+    out["agentlake forget (one rollout)"] = time.perf_counter() - t0
+    return out
 
 
 def _fill(lake: Lake, kafka: KafkaSettings, batches: int, args: argparse.Namespace) -> dict[str, Any]:
