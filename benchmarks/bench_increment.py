@@ -16,6 +16,7 @@ import os
 import random
 import resource
 import shutil
+import subprocess
 import sys
 import time
 
@@ -61,16 +62,36 @@ def increment_spans(path: str, rollouts: int) -> pl.DataFrame:
     return pl.read_parquet(path)
 
 
+def one(n: int, rollouts: int, root: str) -> None:
+    """The increment on a copy of the built lake of ``n`` rollouts; one row of the table."""
+    spans = increment_spans(os.path.join(root, f"inc{rollouts}.parquet"), rollouts).to_arrow()
+    txns = {app_id("new", p): (rollouts - 1) // PARTITIONS for p in range(PARTITIONS)}
+    work = Lake(os.path.join(root, "run"))
+    shutil.rmtree(work.root, ignore_errors=True)
+    if n:
+        shutil.copytree(os.path.join(root, f"base{n}"), work.root)
+    work.write("spans", spans, txns=txns)
+    c0, t0 = _cpu(), time.perf_counter()
+    update_trajectories(work, KAFKA, idle_timeout_s=300)
+    c1, t1 = _cpu(), time.perf_counter()
+    update_transitions(work, CreditSettings())
+    c2, t2 = _cpu(), time.perf_counter()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{n:>14,}{t1 - t0:>9.2f}{t2 - t1:>9.2f}{c1 - c0:>12.2f}{c2 - c1:>13.2f}{rss:>13.0f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sizes", nargs="+", type=int, help="lake sizes in rollouts (0: an empty lake)")
+    ap.add_argument("sizes", nargs="*", type=int, help="lake sizes in rollouts (0: an empty lake)")
     ap.add_argument("--rollouts", type=int, default=10_000, help="the increment")
     ap.add_argument("--work", default="/tmp/agentlake-bench-increment")
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    if args.one is not None:
+        return one(args.one, args.rollouts, args.work)
     spans = increment_spans(os.path.join(args.work, f"inc{args.rollouts}.parquet"), args.rollouts).to_arrow()
-    last = (args.rollouts - 1) // PARTITIONS
-    txns = {app_id("new", p): last for p in range(PARTITIONS)}
+    txns = {app_id("new", p): (args.rollouts - 1) // PARTITIONS for p in range(PARTITIONS)}
     template = Lake(os.path.join(args.work, "template"))
     if not os.path.exists(template.root):
         template.write("spans", spans, txns=txns)
@@ -81,22 +102,12 @@ def main() -> None:
         base = os.path.join(args.work, f"base{n}")
         if n and not os.path.exists(base):
             build_lake(template, Lake(base), n)
-        work = Lake(os.path.join(args.work, "run"))
-        shutil.rmtree(work.root, ignore_errors=True)
-        if n:
-            shutil.copytree(base, work.root)
-        pid = os.fork()
-        if pid == 0:  # each size in its own process: its peak RSS is its own
-            work.write("spans", spans, txns=txns)
-            c0, t0 = _cpu(), time.perf_counter()
-            update_trajectories(work, KAFKA, idle_timeout_s=300)
-            c1, t1 = _cpu(), time.perf_counter()
-            update_transitions(work, CreditSettings())
-            c2, t2 = _cpu(), time.perf_counter()
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(f"{n:>14,}{t1 - t0:>9.2f}{t2 - t1:>9.2f}{c1 - c0:>12.2f}{c2 - c1:>13.2f}{rss:>13.0f}", flush=True)
-            os._exit(0)
-        os.waitpid(pid, 0)
+        # each size in its own process (not a fork: polars' and delta-rs' thread pools do not survive one),
+        # so its peak RSS is its own
+        subprocess.run(
+            [sys.executable, __file__, "--one", str(n), "--rollouts", str(args.rollouts), "--work", args.work],
+            check=True,
+        )
 
 
 if __name__ == "__main__":
