@@ -12,6 +12,10 @@ Then the topic grows to ``--grow`` times as many rollouts and one more round run
 them (a backlog of that size in one run: ingestion and the gold steps work in bounded batches and
 chunks), and one more in the steady state: the last ``--rollouts`` arrive on a lake that already
 holds the others, so its peak memory shows what the table's size costs a run.
+
+``--lake-rollouts 100000,1000000``: the same increment once more onto lakes of those sizes, built
+straight to Delta (`benchmarks/lake_builder.py`), and on the largest the README's DuckDB queries and
+``agentlake forget`` of one rollout (docs/benchmarks.md, "An increment on a big lake").
 """
 
 from __future__ import annotations
