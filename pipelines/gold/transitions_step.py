@@ -140,7 +140,7 @@ def update_transitions(
             "transitions",
             out.table,
             txns=marks if last else None,
-            mode="append" if replace is None else "overwrite",
+            mode="overwrite",  # never append: see _replacement
             predicate=replace,
             metadata={
                 CREDIT_METADATA_KEY: credit.model_dump_json(),  # what a trained version's lineage reports
@@ -175,21 +175,22 @@ def update_transitions(
     return res
 
 
-def _replacement(previous: pl.LazyFrame | None, groups: list[keys.Key], new: Any) -> str | None:
-    """The Delta predicate for the stored rows of ``groups`` that ``new`` replaces; None when the table
-    holds none (then the chunk is appended: a replacement reads every file's statistics for the whole
-    IN list). The predicate starts at the oldest day the stored or new rows have, so older partitions
-    stay unread."""
-    if previous is None:
-        return None
-    stored = previous.filter(keys.among(groups, "group_id")).select(*keys.GROUP, "day").unique().collect()
-    stored = keys.keep(stored, groups, "group_id")
-    if stored.is_empty():
-        return None
+def _replacement(previous: pl.LazyFrame | None, groups: list[keys.Key], new: Any) -> str:
+    """The Delta predicate for the rows of ``groups`` that ``new`` replaces. It starts at the oldest day
+    the stored or new rows have, so older partitions stay unread (delta-rs checks the IN list against
+    every file it cannot prune by partition): the cost of the chunk, not of the table. Groups the table
+    holds no rows of are written the same way, not appended: an overwrite with a predicate is refused
+    when a concurrent run added rows it matches, and two appends at once would both land."""
     replace = keys.predicate(groups, "group_id")
-    days = [stored["day"].min(), pc.min(new.column("day")).as_py() if new.num_rows else None]
-    if stored["day"].null_count() == 0 and (low := min((d for d in days if d is not None), default=None)):
-        replace = f"day >= '{low.isoformat()}' AND ({replace})"  # type: ignore[union-attr]
+    days = [pc.min(new.column("day")).as_py() if new.num_rows else None]
+    if previous is not None:
+        stored = previous.filter(keys.among(groups, "group_id")).select(*keys.GROUP, "day").unique().collect()
+        stored = keys.keep(stored, groups, "group_id")
+        if stored["day"].null_count():
+            return replace
+        days.append(stored["day"].min())
+    if (low := min((d for d in days if d is not None), default=None)) is not None:
+        replace = f"day >= '{low.isoformat()}' AND ({replace})"
     return replace
 
 

@@ -98,18 +98,19 @@ def update_trajectories(
         stamp += dt.timedelta(microseconds=1)
         kept = zip(table.column("tenant").to_pylist(), table.column("rollout_id").to_pylist(), strict=True)
         removed = sorted(set(chunk) - set(kept))
-        # Only rows the table holds need replacing: a chunk of rollouts it has never seen is appended.
-        # A replacement looks at every file (delta-rs prunes with the whole IN list, file by file).
-        replace: str | None = None
-        if any(r in plan.stored_day for r in chunk):
-            replace = keys.predicate(chunk, "rollout_id")
-            if (low := plan.lowest_day(chunk, table.column("day"))) is not None:
-                replace = f"day >= '{low.isoformat()}' AND ({replace})"
+        # The replacement starts at the oldest day the chunk's stored or new rows have: delta-rs checks
+        # the IN list against every file it cannot prune by partition, so older days stay unread and
+        # the cost is the chunk's. Never a plain append, even for rollouts the table has not seen: an
+        # overwrite with a predicate is refused when a concurrent run added rows it matches (an append
+        # is not, and two runs at once would each add the same rollouts).
+        replace = keys.predicate(chunk, "rollout_id")
+        if (low := plan.lowest_day(chunk, table.column("day"))) is not None:
+            replace = f"day >= '{low.isoformat()}' AND ({replace})"
         res.version = lake.write(
             "trajectories",
             table,
             txns=txns if last else None,
-            mode="append" if replace is None else "overwrite",
+            mode="overwrite",
             predicate=replace,
             metadata={REMOVED_KEY: json.dumps([list(r) for r in removed])} if removed else None,
         )

@@ -1,5 +1,6 @@
-"""An increment rewrites only what it changes: new rollouts are appended, a changed one is replaced from
-its own day on, and the files of older days are left alone (issue 28: cost follows the increment)."""
+"""An increment rewrites only what it changes: new rollouts and a changed one are written from their own
+day on, and the files of older days are left alone (issue 28: cost follows the increment). New rollouts
+are not appended: two runs at once must not both add them."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _files(lake: Lake, table: str) -> set[str]:
     return set(dt_.file_uris())
 
 
-def test_new_rollouts_append_and_a_changed_one_replaces_from_its_day(tmp_path: Path) -> None:
+def test_new_and_changed_rollouts_are_written_from_their_own_day(tmp_path: Path) -> None:
     kafka = KafkaSettings(bootstrap_servers="unused:9092", spans_topic="s", rewards_topic="r")
     lake = Lake(str(tmp_path / "lake"))
     credit = CreditSettings()
@@ -41,14 +42,20 @@ def test_new_rollouts_append_and_a_changed_one_replaces_from_its_day(tmp_path: P
     update_transitions(lake, credit, now=now)
     old_traj, old_trans = _files(lake, "trajectories"), _files(lake, "transitions")
 
-    # rollouts the lake has never seen: appended, nothing replaced
+    # rollouts the lake has never seen: written from their day on, the old day's files untouched
     x = Rollout("x", task_id="t-x", calls=[Call(prompt=[1], response=[2], response_id="a")], t0_ns=T0, end_root=False)
     y = Rollout("y", task_id="t-y", calls=[Call(prompt=[3], response=[4])], t0_ns=T0, final_reward=1.0)
     ingest_direct(lake, "s", [x, y], 1)
     update_trajectories(lake, kafka, idle_timeout_s=1e9, now=now)
-    assert _last_write(lake, "trajectories").get("mode") == "Append"
-    update_transitions(lake, credit, now=now)
-    assert _last_write(lake, "transitions").get("mode") == "Append"
+    new_day = dt.datetime.fromtimestamp(T0 / 1e9, dt.UTC).date().isoformat()
+    for table in ("trajectories", "transitions"):
+        if table == "transitions":
+            update_transitions(lake, credit, now=now)
+        params = _last_write(lake, table)
+        assert params.get("mode") == "Overwrite"
+        assert str(params.get("predicate", "")).startswith(f"day >= '{new_day}'")
+    assert old_traj <= _files(lake, "trajectories")
+    assert old_trans <= _files(lake, "transitions")
 
     # more of "x", and another rollout of y's task: their rows are replaced (trajectories: x's; transitions:
     # the group t-y's), from their day on only; the old day's files stay as they were
