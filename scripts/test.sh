@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+bash scripts/chromium.sh  # the browser tests' Chromium (Debian's), when missing
 bash scripts/lint.sh
 if [ "${TIER:-full}" = fast ]; then
   # the fuzz campaigns at a tenth of their size (2,500 bodies per entry point in the full suite)

@@ -12,7 +12,7 @@ from schemas.config import KafkaSettings, Settings, load_settings
 from tests.objectstore import ObjectStore
 from tests.topics import fresh_kafka
 
-pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_training"]
+pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_training", "tests.browser"]
 
 
 @pytest.fixture(scope="session", autouse=True)
