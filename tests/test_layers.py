@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # Bottom first: a package may import the ones before it in this list, never the ones after it.
-LAYERS = ["schemas", "collectors", "trainer", "serving", "pipelines", "agentlake"]
+LAYERS = ["schemas", "collectors", "trainer", "serving", "pipelines", "viewer", "agentlake"]
 
 
 def _module_name(path: Path) -> str:

@@ -1,0 +1,1 @@
+"""The viewer's queries: pure functions over (ViewerLake, Scope, validated filters) returning Polars or dataclasses."""
