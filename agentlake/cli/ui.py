@@ -51,5 +51,5 @@ def ui(
     check_host(settings, bind)
     the_lake = viewer_lake(settings, lake)
     listen = port if port is not None else settings.viewer.port
-    console.print(f"viewer over {the_lake.root} on http://{bind}:{listen}/rollouts")
+    console.print(f"viewer over {the_lake.root} on http://{bind}:{listen}/rollouts", soft_wrap=True)
     uvicorn.run(create_app(settings, the_lake), host=bind, port=listen, log_level="warning", access_log=False)
