@@ -18,11 +18,13 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from pipelines.gold.retokenize import policy_retokenizer
 from schemas.config import Settings
 from schemas.lake import Lake
 from viewer.auth import COOKIE, Unauthenticated, ViewerAuth
 from viewer.errors import HANDLERS
 from viewer.lake import ViewerLake
+from viewer.queries.tokens import TokenText
 from viewer.templating import STATIC_DIR, render
 
 # The page modules (viewer/pages/<name>.py), each exposing ``routes``.
@@ -89,6 +91,7 @@ def create_app(settings: Settings, lake: Lake | None = None) -> Starlette:
     app.state.settings = settings
     app.state.lake = viewer_lake
     app.state.auth = ViewerAuth(settings)
+    app.state.tokens = TokenText(policy_retokenizer(settings))  # the gold step's tokenizer, loaded once
     return app
 
 

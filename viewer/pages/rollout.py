@@ -1,18 +1,78 @@
-"""/rollouts/{rollout_id}: one rollout (spans, LLM calls, transitions' tokens, rewards, credit variants)."""
+"""/rollouts/{rollout_id}: one rollout (span tree, LLM calls, transitions' tokens, rewards, credit variants).
+
+``?tenant=`` and ``?attempt=`` pick one row when the id has several (attempts, or the operator seeing
+two tenants' rollouts with the same id). A rollout that is not in the visitor's scope is a 404.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from viewer.auth import request_scope
-from viewer.errors import NotFound
+from viewer.errors import BadRequest, NotFound
+from viewer.queries import filters as f
+from viewer.queries.filters import FilterError
+from viewer.queries.rollout import Token, TransitionView, rollout_view
+from viewer.templating import render
+
+
+@dataclass(frozen=True)
+class TokenCell:
+    """One response token as drawn: its text, class (trained or masked), colour and hover text."""
+
+    text: str
+    css: str
+    style: str
+    title: str
+
+
+def token_cells(t: TransitionView, scale: float) -> list[TokenCell]:
+    """Trained tokens coloured by the transition's advantage (green above zero, red below, stronger with
+    |advantage| / ``scale``); masked tokens (observations) grey; the logprob on hover."""
+    adv = float(t.row.get("advantage") or 0.0)
+    alpha = 0.12 + 0.6 * min(1.0, abs(adv) / scale) if scale > 0 else 0.12
+    rgb = "22,163,74" if adv > 0 else "220,38,38" if adv < 0 else "148,163,184"
+    out = []
+    for tok in t.tokens:
+        lp = "logprob unknown" if tok.logprob is None else f"logprob {tok.logprob:.4f}"
+        title = f"{lp} · {'trained' if tok.trained else 'masked (observation)'} · advantage {adv:+.4f}"
+        if tok.trained:
+            out.append(TokenCell(tok.text, "tok", f"background: rgba({rgb},{alpha:.2f})", title))
+        else:
+            out.append(TokenCell(tok.text, "tok masked", "", title))
+    return out
+
+
+def _scale(variants: dict[str, list[TransitionView]]) -> float:
+    return max((abs(float(t.row.get("advantage") or 0.0)) for ts in variants.values() for t in ts), default=1.0)
 
 
 async def rollout_page(request: Request) -> Response:
-    request_scope(request)
-    raise NotFound(f"rollout {request.path_params['rollout_id']!r}")
+    scope = request_scope(request)
+    rollout_id = request.path_params["rollout_id"]
+    try:
+        f.only_known(request.query_params.keys(), ("tenant", "attempt"))
+        tenant = f.text("tenant", request.query_params.get("tenant"))
+        attempt = f.text("attempt", request.query_params.get("attempt"))
+        rid = f.text("rollout id", rollout_id)
+    except FilterError as exc:
+        raise BadRequest(str(exc)) from None
+    if rid is None:
+        raise NotFound("an empty rollout id")
+    view = rollout_view(request.app.state.lake, scope, rid, request.app.state.tokens, tenant=tenant, attempt=attempt)
+    if view is None:
+        raise NotFound(f"rollout {rid!r}")
+    scale = _scale(view.variants) or 1.0
+    cells = {name: [token_cells(t, scale) for t in ts] for name, ts in view.variants.items()}
+    return render(
+        request,
+        "rollout.html",
+        {"title": f"Rollout {rid}", "v": view, "t": view.trajectory, "cells": cells, "Token": Token},
+    )
 
 
-routes: list[BaseRoute] = [Route("/rollouts/{rollout_id}", rollout_page)]
+routes: list[BaseRoute] = [Route("/rollouts/{rollout_id:path}", rollout_page)]

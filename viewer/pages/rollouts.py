@@ -1,4 +1,4 @@
-"""/rollouts: the rollouts list (filters, sort, pages, search)."""
+"""/rollouts: the rollouts list (filters, sort, pages, search by rollout, trace or response id)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,32 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from viewer.auth import request_scope
+from viewer.errors import BadRequest
+from viewer.queries.filters import FilterError
+from viewer.queries.rollouts import SORTS, STATUSES, choices, list_rollouts, parse_filters
 from viewer.templating import render
 
 
 async def rollouts_page(request: Request) -> Response:
-    request_scope(request)
-    return render(request, "rollouts.html", {"title": "Rollouts", "rows": []})
+    scope = request_scope(request)
+    try:
+        flt = parse_filters(request.query_params)
+    except FilterError as exc:
+        raise BadRequest(str(exc)) from None
+    page = list_rollouts(request.app.state.lake, scope, flt)
+    return render(
+        request,
+        "rollouts.html",
+        {
+            "title": "Rollouts",
+            "page": page,
+            "f": flt,
+            "rows": page.rows.to_dicts(),
+            "choices": choices(request.app.state.lake, scope),
+            "statuses": STATUSES,
+            "sorts": list(SORTS),
+        },
+    )
 
 
 routes: list[BaseRoute] = [Route("/rollouts", rollouts_page)]
