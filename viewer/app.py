@@ -28,7 +28,7 @@ from viewer.queries.tokens import TokenText
 from viewer.templating import STATIC_DIR, render
 
 # The page modules (viewer/pages/<name>.py), each exposing ``routes``.
-PAGES = ("rollouts", "rollout")
+PAGES = ("rollouts", "rollout", "versions", "health")
 
 
 def page_routes() -> list[BaseRoute]:

@@ -1,0 +1,52 @@
+"""/health: reward per agent over time, where ingestion is in Kafka (the lake's side), what was left out, and
+where the asset checks' results are (Dagster's instance, not the lake: a link to its UI)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from schemas.config import Settings
+from viewer.auth import request_scope
+from viewer.plots import reward_plot
+from viewer.queries import health as h
+from viewer.queries import versions as q
+from viewer.templating import render
+
+
+def dagster_url(settings: Settings) -> str:
+    """The Dagster UI's assets page, where each asset's checks and their latest results are."""
+    host = settings.dagster.host
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.dagster.port}/assets"
+
+
+async def health_page(request: Request) -> Response:
+    scope = request_scope(request)
+    bucket = q.bucket_name(request.query_params.get("bucket"))
+    lake = request.app.state.lake
+    settings: Settings = request.app.state.settings
+    now = dt.datetime.now(dt.UTC)
+    by_agent = q.reward_over_time(lake, scope, by="agent", bucket=bucket)
+    return render(
+        request,
+        "health.html",
+        {
+            "title": "Health",
+            "bucket": bucket,
+            "buckets": q.BUCKETS,
+            "plot_agents": reward_plot(by_agent, title="Reward per agent", series_label="agent", bucket=bucket),
+            "positions": h.ingest_positions(lake, settings.kafka) if scope.operator else None,
+            "counts": h.left_out(lake, scope, settings.credit, now),
+            "quarantine": h.recent_quarantine(lake, scope),
+            "dagster_url": dagster_url(settings),
+            "now": now,
+        },
+    )
+
+
+routes: list[BaseRoute] = [Route("/health", health_page)]
