@@ -17,6 +17,7 @@ holds the others, so its peak memory shows what the table's size costs a run.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import os
 import random
@@ -34,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import polars as pl  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from benchmarks.lake_builder import build_lake  # noqa: E402
 from pipelines.bronze.ingest import ingest  # noqa: E402
 from pipelines.gold.transitions_step import update_transitions  # noqa: E402
 from pipelines.silver.trajectories_step import update_trajectories  # noqa: E402
@@ -130,6 +132,13 @@ def main() -> None:
         default=4,
         help="then grow the topic to this many times --rollouts and run once more: memory must not follow (1: skip)",
     )
+    ap.add_argument(
+        "--lake-rollouts",
+        default="",
+        help="comma-separated lake sizes (e.g. 100000,1000000): time one increment of --rollouts on a lake of "
+        "each size, built straight to Delta from copies of the first round's lake (benchmarks/lake_builder.py)",
+    )
+    ap.add_argument("--per-day", type=int, default=30_000, help="rollouts a day in the built lakes")
     args = ap.parse_args()
 
     from agentlake.stack.broker import LocalBroker, ensure_topics
@@ -147,6 +156,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="agentlake-bench-")
     rounds: list[dict[str, Any]] = []
     grown: dict[str, Any] | None = None
+    sized: list[tuple[int, dict[str, Any]]] = []
     steady: dict[str, Any] | None = None
     try:
         t0 = time.perf_counter()
@@ -162,6 +172,22 @@ def main() -> None:
                 flush=True,
             )
             rounds.append(r)
+        for size in [int(x) for x in args.lake_rollouts.split(",") if x.strip()]:
+            big = Lake(os.path.join(root, f"big{size}"))
+            template = Lake(os.path.join(root, "lake0"))
+            built = in_child(functools.partial(build_lake, template, big, size, per_day=args.per_day))
+            print(f"built a lake of {built['rollouts']:,} rollouts in {built['seconds']:.0f}s", flush=True)
+            r = one_round(kafka, big, os.path.join(root, f"big{size}-scratch"), args, ceilings=False)
+            r["disk_mb"] = _du_mb(big.root)
+            print(
+                f"on {built['rollouts']:,}: ingest {r['ingest_s']:.2f}s, trajectories {r['traj_s']:.2f}s, "
+                f"transitions {r['trans_s']:.2f}s",
+                flush=True,
+            )
+            if size == max(int(x) for x in args.lake_rollouts.split(",") if x.strip()):
+                r["scans"] = in_child(functools.partial(lake_scans, big))
+            sized.append((built["rollouts"], r))
+            shutil.rmtree(big.root, ignore_errors=True)
         if args.grow > 1:
             more = (args.grow - 1) * args.rollouts
             produce_rollouts(
@@ -210,6 +236,26 @@ def main() -> None:
         f"gold: {last['rollouts']} rollouts -> {last['transitions']} transitions; trajectories "
         f"{med('traj_s'):.2f}s, transitions {med('trans_s'):.2f}s (medians)"
     )
+    if sized:
+        print()
+        print(f"one increment of {last['rollouts']:,} rollouts onto a lake of N rollouts (built straight to Delta)")
+        print(
+            f"{'N':>10}{'ingest s':>10}{'traj s':>9}{'trans s':>9}{'x empty':>9}"
+            f"{'ingest MB':>11}{'gold MB':>9}{'x empty':>9}{'lake MB':>9}"
+        )
+        base_s = last["ingest_s"] + last["traj_s"] + last["trans_s"]
+        base_mb = max(last["ingest_rss_mb"], last["gold_rss_mb"])
+        for n, r in [(0, last), *sized]:
+            total = r["ingest_s"] + r["traj_s"] + r["trans_s"]
+            mb = max(r["ingest_rss_mb"], r["gold_rss_mb"])
+            print(
+                f"{n:>10,}{r['ingest_s']:>10.2f}{r['traj_s']:>9.2f}{r['trans_s']:>9.2f}{total / base_s:>9.2f}"
+                f"{r['ingest_rss_mb']:>11.0f}{r['gold_rss_mb']:>9.0f}{mb / base_mb:>9.2f}{r.get('disk_mb', 0):>9.0f}"
+            )
+        for n, r in sized:
+            for label, secs in r.get("scans", {}).items():
+                if label not in ("start_rss_mb", "peak_rss_mb", "children_rss_mb"):
+                    print(f"  on {n:,}: {label}: {secs:.2f}s")
     if grown is not None:
         print()
         print("memory against table size (peak RSS MB, and how far it rose above the process's start)")
@@ -224,6 +270,29 @@ def main() -> None:
             )
 
 
+QUERIES = {  # README / docs/tables.md, and one rollout by id
+    "reward per agent": "SELECT agent_name, avg(reward) FROM transitions GROUP BY 1",
+    "success per day": "SELECT day, avg(final_reward) AS success FROM trajectories GROUP BY 1 ORDER BY 1",
+    "one rollout by id": "SELECT rollout_id, n_llm_calls FROM trajectories WHERE rollout_id = 'c1-roll-17'",
+}
+
+
+def lake_scans(lake: Lake) -> dict[str, Any]:
+    """Seconds of the paths that read the lake outside the steps: the DuckDB queries and forgetting one rollout."""
+    from pipelines.lake.forget import forget
+    from pipelines.lake.query import run_query
+
+    out: dict[str, Any] = {}
+    for label, sql in QUERIES.items():
+        t0 = time.perf_counter()
+        run_query(lake, sql)
+        out[label] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    forget(lake, "default", rollout="c2-roll-5", reason="benchmark")
+    out["agentlake forget (one rollout)"] = time.perf_counter() - t0
+    return out
+
+
 def _fill(lake: Lake, kafka: KafkaSettings, batches: int, args: argparse.Namespace) -> dict[str, Any]:
     """Ingest the topic's first ``batches`` batches and build their transitions (not measured)."""
     ingest(lake, kafka, "spans", batch_records=args.batch_records, workers=args.workers, max_batches=batches)
@@ -232,8 +301,15 @@ def _fill(lake: Lake, kafka: KafkaSettings, batches: int, args: argparse.Namespa
     return {}
 
 
-def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Ingest into a fresh lake, build transitions there, and measure both ceilings on the same rows."""
+def _du_mb(path: str) -> float:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 2**20
+
+
+def one_round(
+    kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Namespace, *, ceilings: bool = True
+) -> dict[str, Any]:
+    """Ingest into ``lake``, build transitions there, and measure both ceilings on the same rows
+    (without ``ceilings``: on a lake that held more before, where they would read all of it)."""
     os.makedirs(scratch, exist_ok=True)
 
     def do_ingest() -> dict[str, Any]:
@@ -249,7 +325,8 @@ def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Nam
         pq.write_table(t, os.path.join(scratch, f"{table}.parquet"))
         return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
 
-    ing_ceil = in_child(lambda: parquet_ceiling("spans"))
+    nan = {"rows": float("nan"), "seconds": 1.0}
+    ing_ceil = in_child(lambda: parquet_ceiling("spans")) if ceilings else nan
 
     def do_transitions() -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -261,7 +338,7 @@ def one_round(kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Nam
 
     gold = in_child(do_transitions)
 
-    gold_ceil = in_child(lambda: parquet_ceiling("transitions"))
+    gold_ceil = in_child(lambda: parquet_ceiling("transitions")) if ceilings else nan
     return {
         "rows": ing["rows"],
         "commits": ing["commits"],

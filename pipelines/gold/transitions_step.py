@@ -115,6 +115,10 @@ def update_transitions(
         picked = traj.filter(
             pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups])
         )
+        # the key columns first, then whole rows from the partitions that hold them only
+        low = picked.select(pl.col("day").min()).collect().item()
+        if low is not None:
+            picked = picked.filter(pl.col("day") >= low)
         rows = keys.keep(picked.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
         known, held = _known_baselines(previous, groups) if baseline is not None else (None, None)
         out = build(
@@ -131,12 +135,13 @@ def update_transitions(
         last = i == len(chunks) - 1
         # The baseline goes in with the watermark: a rerun after a crash between chunks starts again
         # from the baseline the watermark belongs to, and counts no rollout twice.
+        replace = _replacement(previous, groups, out.table)
         res.version = lake.write(
             "transitions",
             out.table,
             txns=marks if last else None,
-            mode="overwrite",
-            predicate=keys.predicate(groups, "group_id"),
+            mode="append" if replace is None else "overwrite",
+            predicate=replace,
             metadata={
                 CREDIT_METADATA_KEY: credit.model_dump_json(),  # what a trained version's lineage reports
                 **({BASELINE_KEY: baseline.to_json()} if last and baseline is not None else {}),
@@ -168,6 +173,24 @@ def update_transitions(
     if rewarded:
         res.extra["reward_mean"] = reward_sum / rewarded
     return res
+
+
+def _replacement(previous: pl.LazyFrame | None, groups: list[keys.Key], new: Any) -> str | None:
+    """The Delta predicate for the stored rows of ``groups`` that ``new`` replaces; None when the table
+    holds none (then the chunk is appended: a replacement reads every file's statistics for the whole
+    IN list). The predicate starts at the oldest day the stored or new rows have, so older partitions
+    stay unread."""
+    if previous is None:
+        return None
+    stored = previous.filter(keys.among(groups, "group_id")).select(*keys.GROUP, "day").unique().collect()
+    stored = keys.keep(stored, groups, "group_id")
+    if stored.is_empty():
+        return None
+    replace = keys.predicate(groups, "group_id")
+    days = [stored["day"].min(), pc.min(new.column("day")).as_py() if new.num_rows else None]
+    if stored["day"].null_count == 0 and (low := min((d for d in days if d is not None), default=None)):
+        replace = f"day >= '{low.isoformat()}' AND ({replace})"  # type: ignore[union-attr]
+    return replace
 
 
 def _known_baselines(

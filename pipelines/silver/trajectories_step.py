@@ -98,12 +98,19 @@ def update_trajectories(
         stamp += dt.timedelta(microseconds=1)
         kept = zip(table.column("tenant").to_pylist(), table.column("rollout_id").to_pylist(), strict=True)
         removed = sorted(set(chunk) - set(kept))
+        # Only rows the table holds need replacing: a chunk of rollouts it has never seen is appended.
+        # A replacement looks at every file (delta-rs prunes with the whole IN list, file by file).
+        replace: str | None = None
+        if any(r in plan.stored_day for r in chunk):
+            replace = keys.predicate(chunk, "rollout_id")
+            if (low := plan.lowest_day(chunk, table.column("day"))) is not None:
+                replace = f"day >= '{low.isoformat()}' AND ({replace})"
         res.version = lake.write(
             "trajectories",
             table,
             txns=txns if last else None,
-            mode="overwrite",
-            predicate=keys.predicate(chunk, "rollout_id"),
+            mode="append" if replace is None else "overwrite",
+            predicate=replace,
             metadata={REMOVED_KEY: json.dumps([list(r) for r in removed])} if removed else None,
         )
         if removed:
@@ -147,6 +154,17 @@ class _RolloutPlan:
     rollouts: set[keys.Key] = field(default_factory=set)
     traces: dict[keys.Key, set[str]] = field(default_factory=dict)
     first_day: dict[keys.Key, dt.date] = field(default_factory=dict)
+    # the day of each rollout's row in `trajectories` (None: a row without one); absent: no row yet
+    stored_day: dict[keys.Key, dt.date | None] = field(default_factory=dict)
+
+    def lowest_day(self, chunk: list[keys.Key], new_days: Any) -> dt.date | None:
+        """A day no stored or new row of ``chunk`` is older than (None: none known), so that the
+        chunk's replacement only looks at those partitions: the cost of the chunk, not of the table."""
+        stored = [self.stored_day[r] for r in chunk if r in self.stored_day]
+        if any(d is None for d in stored):
+            return None
+        lows = [d for d in [*stored, pc.min(new_days).as_py()] if d is not None]
+        return min(lows) if lows else None
 
     def add(self, rollout: keys.Key, traces: list[str], day: dt.date | None) -> None:
         self.rollouts.add(rollout)
@@ -232,6 +250,7 @@ def _plan_rollouts(
                 .collect()
             )
             for tenant, rid, tids, day in old.iter_rows():
+                plan.stored_day[(tenant, rid)] = day
                 if (tenant, rid) in wanted or any((tenant, t) in touched_traces for t in tids or ()):
                     plan.add((tenant, rid), tids or [], day)
     for rk in named - plan.rollouts:

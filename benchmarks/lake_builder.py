@@ -1,0 +1,81 @@
+"""A big lake in minutes: copies of a real increment, written straight to Delta (no Kafka, no steps).
+
+The pipeline benchmark times one increment on top of a lake of N rollouts. Building N rollouts
+through Kafka and the steps takes as long as N increments, so instead the increment's own lake
+(built by the real steps from the benchmark's generator) is the template: each copy renames its
+ids (rollout, task, group, attempt, trace, response, transition), moves its offsets past the
+copies before it and its times and ``day`` back by whole days (``--per-day`` rollouts a day, the
+newest copies yesterday), and is appended to `spans`, `trajectories` and `transitions`. The copies
+come from an older topic (``old_topic``) whose watermarks go in with the last copy, and the
+transitions step's marks (``trajectories`` version and ``updated_at``) with the last
+`transitions` copy: the lake looks to the steps as if they had consumed all of it already.
+
+What it does not imitate: the copies are one file per table, day and copy (a compacted lake),
+not the many small commits of real ingestion.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+import polars as pl
+
+from pipelines.bronze.positions import app_id
+from pipelines.gold.transitions_step import TRAJ_FROM_TRANSITIONS, TRAJ_VERSION
+from schemas.lake import Lake
+
+_PREFIXED = ["rollout_id", "task_id", "group_id", "attempt_id", "transition_id", "llm_response_id"]
+
+
+def _copy(df: pl.DataFrame, k: int, days_back: int, offset_shift: int, old_topic: str) -> pl.DataFrame:
+    """Copy ``k`` of a template table: new ids, offsets and times (``days_back`` whole days earlier)."""
+    delta = dt.timedelta(days=days_back)
+    tag = f"{k:08x}"
+    exprs: list[pl.Expr] = []
+    for name, dtype in df.schema.items():
+        col = pl.col(name)
+        if name in _PREFIXED:
+            exprs.append((pl.lit(f"c{k}-") + col).alias(name))
+        elif name == "trace_id":
+            exprs.append((pl.lit(tag) + col.str.slice(8)).alias(name))
+        elif name == "trace_ids":
+            exprs.append(col.list.eval(pl.lit(tag) + pl.element().str.slice(8)).alias(name))
+        elif name == "kafka_topic":
+            exprs.append(pl.lit(old_topic).alias(name))
+        elif name == "kafka_offset":
+            exprs.append((col + offset_shift).alias(name))
+        elif name == "day" or isinstance(dtype, pl.Datetime):
+            exprs.append((col - delta).alias(name))
+    return df.with_columns(exprs)
+
+
+def build_lake(
+    template: Lake, lake: Lake, rollouts: int, *, per_day: int = 30_000, old_topic: str = "bench.spans.old"
+) -> dict[str, Any]:
+    """Append copies of ``template``'s rollouts to ``lake`` until it holds at least ``rollouts``."""
+    t0 = time.perf_counter()
+    frames = {n: pl.read_delta(template.uri(n)) for n in ("spans", "trajectories", "transitions")}
+    per_copy = frames["trajectories"].height
+    copies = -(-rollouts // per_copy)
+    stride = int(frames["spans"]["kafka_offset"].max()) + 1  # type: ignore[arg-type]
+    parts = sorted(frames["spans"]["kafka_partition"].unique().to_list())
+    for k in range(copies):
+        # the newest copies one day back, older ones further: per_day rollouts a day
+        days_back = 1 + (copies - 1 - k) * per_copy // per_day
+        last = k == copies - 1
+        for name in ("spans", "trajectories", "transitions"):
+            txns: dict[str, int] | None = None
+            if last and name == "spans":
+                txns = {app_id(old_topic, p): (k + 1) * stride - 1 for p in parts}
+            elif last and name == "trajectories":
+                txns = {f"spans:{old_topic}:{p}": (k + 1) * stride - 1 for p in parts}
+            elif last and name == "transitions":
+                traj = lake.table("trajectories")
+                assert traj is not None
+                newest = pl.scan_delta(traj).select(pl.col("updated_at").dt.epoch("us").max()).collect().item()
+                txns = {TRAJ_VERSION: traj.version(), TRAJ_FROM_TRANSITIONS: int(newest)}
+            data = _copy(frames[name], k, days_back, k * stride, old_topic)
+            lake.write(name, data.to_arrow(), txns=txns)
+    return {"rollouts": copies * per_copy, "copies": copies, "seconds": time.perf_counter() - t0}
