@@ -1,11 +1,13 @@
 """Viewer benchmark: each page's latency (p50/p95) over HTTP on a lake of ``--rollouts`` rollouts (1M by default).
 
-The lake is built once by the pipeline benchmark's generator and steps (``bench_pipelines.produce_rollouts``:
-OTel SDK spans into a local Kafka broker; ``bench_pipelines._fill``: ingestion, trajectories, transitions),
-then a registry line of ``--versions`` versions (trainer.registry), each with the rollouts it trained on
-(trainer.lineage). It is kept at ``--lake`` (built only when that folder holds no `transitions`; the build commits chunk by chunk), so pages
-can be timed again without rebuilding. The viewer (``viewer.app.create_app``) is served by uvicorn on
-localhost and each page is requested ``--requests`` times after one warm-up request.
+The lake is built once with the pipeline benchmark's generator and steps: ``--template`` rollouts through
+Kafka and the pipeline (``bench_pipelines.produce_rollouts``: OTel SDK spans into a local broker;
+``bench_pipelines._fill``: ingestion, trajectories, transitions), copied up to ``--rollouts`` straight to Delta
+(``lake_builder.build_lake``: new ids, times spread ``--per-day`` a day), then a registry line of ``--versions``
+versions (trainer.registry), each with the rollouts it trained on (trainer.lineage). It is kept at ``--lake``
+(built only when that folder holds no `transitions`), so pages can be timed again without rebuilding. The
+viewer (``viewer.app.create_app``) is served by uvicorn on localhost; each page is requested once ("first":
+DuckDB's views and the tokenizer load) and then ``--requests`` times (p50, p95).
 
     nice -n 10 .venv/bin/python benchmarks/bench_viewer.py --rollouts 1000000 --lake /tmp/agentlake-viewer-1m
 
@@ -15,6 +17,8 @@ The goal (issue 27): every page under 1 s at p95 on a 1M-rollout lake.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import functools
 import os
 import statistics
 import sys
@@ -30,32 +34,32 @@ import polars as pl  # noqa: E402
 import uvicorn  # noqa: E402
 
 from benchmarks.bench_pipelines import _fill, in_child, produce_rollouts  # noqa: E402
+from benchmarks.lake_builder import build_lake  # noqa: E402
 from collectors.listen import QuietServer, bind  # noqa: E402
 from schemas.config import KafkaSettings, load_settings  # noqa: E402
 from schemas.lake import Lake  # noqa: E402
 
-CHUNK = 100_000  # rollouts produced, then ingested and built, per step (bounded memory, visible progress)
-
 
 def build(lake: Lake, args: argparse.Namespace) -> None:
-    """Produce ``args.rollouts`` rollouts into a local broker and run the pipeline over them, chunk by chunk."""
+    """The pipeline benchmark's lake: ``--template`` rollouts produced into a local broker and run through the
+    pipeline (``bench_pipelines``), then copied up to ``--rollouts`` (``lake_builder.build_lake``)."""
     from agentlake.stack.broker import LocalBroker, ensure_topics
 
-    broker = LocalBroker().start()
-    try:
-        suffix = str(int(time.time()))
-        kafka = KafkaSettings(
-            bootstrap_servers=broker.bootstrap, spans_topic=f"bv.spans.{suffix}", rewards_topic=f"bv.rewards.{suffix}"
-        )
-        ensure_topics(kafka, broker.bootstrap, [kafka.spans_topic, kafka.rewards_topic])
-        t0 = time.perf_counter()
-        for first in range(0, args.rollouts, CHUNK):
-            n = min(CHUNK, args.rollouts - first)
-            produce_rollouts(kafka, n, args.calls, args.prompt_len, args.response_len, first=first)
-            in_child(lambda n=n: _fill(lake, kafka, -(-n // args.batch_records), args))
-            print(f"  {first + n:,} rollouts in the lake after {time.perf_counter() - t0:.0f}s", flush=True)
-    finally:
-        broker.stop()
+    template = Lake(lake.root.rstrip("/") + "-template")
+    if template.table("transitions") is None:
+        broker = LocalBroker().start()
+        try:
+            suffix = str(int(time.time()))
+            kafka = KafkaSettings(
+                bootstrap_servers=broker.bootstrap, spans_topic=f"bv.spans.{suffix}", rewards_topic=f"bv.r.{suffix}"
+            )
+            ensure_topics(kafka, broker.bootstrap, [kafka.spans_topic, kafka.rewards_topic])
+            produce_rollouts(kafka, args.template, args.calls, args.prompt_len, args.response_len)
+            in_child(lambda: _fill(template, kafka, -(-args.template // args.batch_records), args))
+        finally:
+            broker.stop()
+    built = in_child(functools.partial(build_lake, template, lake, args.rollouts, per_day=args.per_day))
+    print(f"  {built['rollouts']:,} rollouts copied in {built['seconds']:.0f}s", flush=True)
 
 
 def add_versions(lake: Lake, n: int) -> None:
@@ -74,20 +78,23 @@ def add_versions(lake: Lake, n: int) -> None:
             train_table=lake.uri("transitions"), n_transitions=size,
         )  # fmt: skip
         rows = ids.slice((k - 1) * size, size)
-        lineage.record(model_version=version, train_table=lake.uri("transitions"), table_version=0, rows=rows.to_arrow())
+        table = lake.uri("transitions")
+        lineage.record(model_version=version, train_table=table, table_version=0, rows=rows.to_arrow())
         reg.set_status(version, "published")
 
 
 def pages(lake: Lake) -> dict[str, str]:
     """The paths timed: each page, the list with and without filters, one rollout and one version."""
-    one = pl.scan_delta(lake.uri("trajectories")).select("rollout_id").head(1).collect()["rollout_id"][0]
+    cols = ["rollout_id", "task_id", "start_time"]
+    row = pl.scan_delta(lake.uri("trajectories")).select(cols).head(1).collect().row(0, named=True)
+    one, task, day = row["rollout_id"], row["task_id"], row["start_time"].date()
     return {
         "rollouts": "/rollouts",
         "rollouts, page 50": "/rollouts?page=50",
-        "rollouts, agent+task": "/rollouts?agent=solver&task=task-1234",
+        "rollouts, agent+task": f"/rollouts?agent=solver&task={task}",
         "rollouts, reward range": "/rollouts?reward_min=0.5&reward_max=1&sort=reward",
         "rollouts, status+version": "/rollouts?status=finished&policy_version=v0",
-        "rollouts, since..until": "/rollouts?since=2025-01-01&until=2030-01-01",
+        "rollouts, one day": f"/rollouts?since={day}&until={day + dt.timedelta(days=1)}",
         "rollouts, search by id": f"/rollouts?q={one}",
         "one rollout": f"/rollouts/{one}",
         "versions": "/versions",
@@ -119,7 +126,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=1_000_000)
     ap.add_argument("--lake", default=os.path.join(tempfile.gettempdir(), "agentlake-bench-viewer"))
-    ap.add_argument("--calls", type=int, default=1)
+    ap.add_argument("--template", type=int, default=5000, help="rollouts through Kafka and the pipeline, then copied")
+    ap.add_argument("--per-day", type=int, default=30_000, help="rollouts a day in the built lake")
+    ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--response-len", type=int, default=8)
     ap.add_argument("--batch-records", type=int, default=5000)

@@ -1,7 +1,7 @@
 """The viewer in a real browser (Debian's Chromium through Playwright, tests/browser.py), as a person uses it:
 from the rollouts list to one rollout, to the version that trained on it, and back; screenshots of each page.
 
-``AGENTLAKE_README_SCREENSHOTS=1`` also saves the README's two pictures (docs/img/viewer-rollout.png from the
+``UPDATE_README_SCREENSHOTS=1`` also saves the README's two pictures (docs/img/viewer-rollout.png from the
 rollout lake, docs/img/viewer-version.png from the versions lake); otherwise they go with the test's screenshots.
 """
 
@@ -31,7 +31,7 @@ def trained_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
 
 
 def _readme_picture(name: str) -> Path | None:
-    return DOCS_IMG / name if os.environ.get("AGENTLAKE_README_SCREENSHOTS") == "1" else None
+    return DOCS_IMG / name if os.environ.get("UPDATE_README_SCREENSHOTS") == "1" else None
 
 
 def test_click_from_the_list_to_a_rollout_to_its_version_and_back(
@@ -78,8 +78,9 @@ def test_front_page_pictures(
     version (lineage, evaluation with its interval, reward over time, what it trained on)."""
     page = browser_page
     with serve_app(create_app(viewer_settings(tmp_path / "s1"), viewer_lake)) as base:
-        page.goto(f"{base}/rollouts/r0")
+        page.goto(f"{base}/rollouts/r0?tenant=default")  # three calls merged, the judge, a late reward
         expect(page.locator("h1")).to_contain_text("r0")
+        page.locator("#rewards").evaluate("e => e.scrollIntoView()")  # rewards, then the tokens by mask and advantage
         shot = screenshots.save(page, "readme-rollout", full_page=False, path=_readme_picture("viewer-rollout.png"))
     with serve_app(create_app(viewer_settings(tmp_path / "s2"), trained_lake)) as base:
         page.goto(f"{base}/versions/v0002")
