@@ -188,7 +188,7 @@ def _replacement(previous: pl.LazyFrame | None, groups: list[keys.Key], new: Any
         return None
     replace = keys.predicate(groups, "group_id")
     days = [stored["day"].min(), pc.min(new.column("day")).as_py() if new.num_rows else None]
-    if stored["day"].null_count == 0 and (low := min((d for d in days if d is not None), default=None)):
+    if stored["day"].null_count() == 0 and (low := min((d for d in days if d is not None), default=None)):
         replace = f"day >= '{low.isoformat()}' AND ({replace})"  # type: ignore[union-attr]
     return replace
 
