@@ -68,3 +68,18 @@ def test_ui_serves_the_lake_it_is_pointed_at(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=30)
     assert f"viewer over {lake}" in out
     assert not any(lake.iterdir()), "the viewer writes nothing"
+
+
+def test_missing_tables_read_as_empty_through_cursors(tmp_path: Path) -> None:
+    """The viewer queries on cursors of one DuckDB connection: a table not written yet is empty there too."""
+    from pipelines.lake.query import connect
+    from schemas.lake import Lake
+
+    con = connect(Lake(str(tmp_path / "empty")))
+    cur = con.cursor()
+    try:
+        assert cur.execute("SELECT count(*) FROM judgements").fetchone() == (0,)
+        assert "reason" in [d[0] for d in cur.execute("SELECT * FROM judgements").description]
+    finally:
+        cur.close()
+        con.close()
