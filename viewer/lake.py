@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import duckdb
 import polars as pl
@@ -21,6 +21,7 @@ from schemas.lake import Lake
 from schemas.tables import TABLES
 
 Params = Sequence[Any] | Mapping[str, Any]
+T = TypeVar("T")
 
 
 class ViewerLake:
@@ -33,6 +34,7 @@ class ViewerLake:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._opened = 0.0
         self._tables: frozenset[str] = frozenset()
+        self._cache: dict[Hashable, tuple[float, Any]] = {}
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
@@ -44,6 +46,19 @@ class ViewerLake:
                 if old is not None:
                     old.close()
             return self._con
+
+    def cached(self, key: Hashable, compute: Callable[[], T], *, ttl_s: float = 60.0) -> T:
+        """``compute()``, kept ``ttl_s`` seconds under ``key``: for summaries of a whole table (the filter form's
+        choices) that cost a full scan on a large lake and may well be a minute old."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < ttl_s:
+            return cast(T, hit[1])
+        value = compute()
+        with self._lock:
+            self._cache[key] = (now, value)
+        return value
 
     def tables(self) -> frozenset[str]:
         """The views that can be queried (every table of schemas.tables, plus the built credit variants)."""
