@@ -213,6 +213,23 @@ def reward_over_time(
     versions: list[str] | None = None,
     agent: str | None = None,
 ) -> pl.DataFrame:
+    """``_reward_over_time``, kept a minute (``ViewerLake.cached``): an aggregate over every rollout (~0.6-1 s on
+    1M rollouts), drawn on the versions and health pages, where a minute-old curve is as good as a fresh one."""
+    key = ("reward over time", scope, by, bucket, tuple(versions) if versions is not None else None, agent)
+    return lake.cached(
+        key, lambda: _reward_over_time(lake, scope, by=by, bucket=bucket, versions=versions, agent=agent)
+    )
+
+
+def _reward_over_time(
+    lake: ViewerLake,
+    scope: Scope,
+    *,
+    by: Series,
+    bucket: Bucket = "day",
+    versions: list[str] | None = None,
+    agent: str | None = None,
+) -> pl.DataFrame:
     """Mean final reward of the scope's rollouts per time bucket (of their end) and per policy version or agent,
     with a 95% normal interval of the mean (null below two rollouts): columns bucket, key, n, mean, low, high.
 
@@ -238,6 +255,6 @@ def reward_over_time(
         {**params, "bucket": bucket, "versions": versions, "agent": agent, "by": by},
     )
     half = pl.lit(Z95) * pl.col("sd") / pl.col("n").cast(pl.Float64).sqrt()
-    return frame.with_columns(
-        (pl.col("mean") - half).alias("low"), (pl.col("mean") + half).alias("high")
-    ).select("bucket", "key", "n", "mean", "low", "high")
+    return frame.with_columns((pl.col("mean") - half).alias("low"), (pl.col("mean") + half).alias("high")).select(
+        "bucket", "key", "n", "mean", "low", "high"
+    )
