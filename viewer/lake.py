@@ -3,7 +3,7 @@
 The same views ``agentlake query`` uses (pipelines.lake.query.connect: one per table, credit variants
 included, missing tables empty), so the viewer reads the lake exactly as the CLI does. Each query runs
 on its own cursor (DuckDB cursors share one database and are safe across the server's threads); the
-views are rebuilt every ``refresh_s`` so tables and variants written after start are seen.
+views are rebuilt every ``refresh_s`` (in the background) so tables and variants written after start are seen.
 """
 
 from __future__ import annotations
@@ -35,17 +35,40 @@ class ViewerLake:
         self._opened = 0.0
         self._tables: frozenset[str] = frozenset()
         self._cache: dict[Hashable, tuple[float, Any]] = {}
+        self._refreshing = False
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
-            if self._con is None or time.monotonic() - self._opened > self.refresh_s:
-                old, self._con = self._con, connect(self.lake)
-                self._opened = time.monotonic()
-                rows = self._con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
-                self._tables = frozenset(r[0] for r in rows)
-                if old is not None:
-                    old.close()
+            if self._con is None:
+                self._swap(connect(self.lake))
+            elif time.monotonic() - self._opened > self.refresh_s and not self._refreshing:
+                # rebuilt off the request path (each table's Delta log is read: ~0.2-1 s on a large lake);
+                # requests use the current views until the new ones are ready
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="viewer-lake-refresh", daemon=True).start()
+            assert self._con is not None
             return self._con
+
+    def _refresh(self) -> None:
+        try:
+            con: duckdb.DuckDBPyConnection | None = connect(self.lake)
+        except Exception:  # noqa: BLE001 - the current views stay; the next refresh tries again
+            con = None
+        with self._lock:
+            self._refreshing = False
+            if con is not None:
+                self._swap(con)
+            else:
+                self._opened = time.monotonic()
+
+    def _swap(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Use ``con``'s views from now on (the caller holds the lock)."""
+        old, self._con = self._con, con
+        self._opened = time.monotonic()
+        rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+        self._tables = frozenset(r[0] for r in rows)
+        if old is not None:
+            old.close()
 
     def cached(self, key: Hashable, compute: Callable[[], T], *, ttl_s: float = 60.0) -> T:
         """``compute()``, kept ``ttl_s`` seconds under ``key``: for summaries of a whole table (the filter form's
