@@ -62,13 +62,12 @@ class ViewerLake:
                 self._opened = time.monotonic()
 
     def _swap(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Use ``con``'s views from now on (the caller holds the lock)."""
-        old, self._con = self._con, con
+        """Use ``con``'s views from now on (the caller holds the lock). The old connection is not closed here: a
+        query may still run on one of its cursors (closing it fails that query); it goes when its last cursor does."""
+        self._con = con
         self._opened = time.monotonic()
         rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
         self._tables = frozenset(r[0] for r in rows)
-        if old is not None:
-            old.close()
 
     def cached(self, key: Hashable, compute: Callable[[], T], *, ttl_s: float = 60.0) -> T:
         """``compute()``, kept ``ttl_s`` seconds under ``key``: for summaries of a whole table (the filter form's
