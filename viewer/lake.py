@@ -3,7 +3,7 @@
 The same views ``agentlake query`` uses (pipelines.lake.query.connect: one per table, credit variants
 included, missing tables empty), so the viewer reads the lake exactly as the CLI does. Each query runs
 on its own cursor (DuckDB cursors share one database and are safe across the server's threads); the
-views are rebuilt every ``refresh_s`` (in the background) so tables and variants written after start are seen.
+views are rebuilt every ``refresh_s`` so tables and variants written after start are seen.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import duckdb
 import polars as pl
@@ -35,52 +35,17 @@ class ViewerLake:
         self._opened = 0.0
         self._tables: frozenset[str] = frozenset()
         self._cache: dict[Hashable, tuple[float, Any]] = {}
-        self._refreshing = False
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
-            if self._con is None:
-                self._swap(connect(self.lake))
-            elif time.monotonic() - self._opened > self.refresh_s and not self._refreshing:
-                # rebuilt off the request path (each table's Delta log is read: ~0.2-1 s on a large lake);
-                # requests use the current views until the new ones are ready
-                self._refreshing = True
-                threading.Thread(target=self._refresh, name="viewer-lake-refresh", daemon=True).start()
-            assert self._con is not None
-            return self._con
-
-    def _refresh(self) -> None:
-        try:
-            con: duckdb.DuckDBPyConnection | None = connect(self.lake)
-        except Exception:  # noqa: BLE001 - the current views stay; the next refresh tries again
-            con = None
-        with self._lock:
-            self._refreshing = False
-            if con is not None:
-                self._swap(con)
-            else:
+            if self._con is None or time.monotonic() - self._opened > self.refresh_s:
+                # The old connection is dropped, not closed: a query on another thread may still run on a
+                # cursor of it; DuckDB closes it when the last cursor goes.
+                self._con = _shareable(connect(self.lake))
                 self._opened = time.monotonic()
-
-    def _swap(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Use ``con``'s views from now on (the caller holds the lock). The old connection is not closed here: a
-        query may still run on one of its cursors (closing it fails that query); it goes when its last cursor does."""
-        self._con = con
-        self._opened = time.monotonic()
-        rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
-        self._tables = frozenset(r[0] for r in rows)
-
-    def cached(self, key: Hashable, compute: Callable[[], T], *, ttl_s: float = 60.0) -> T:
-        """``compute()``, kept ``ttl_s`` seconds under ``key``: for summaries of a whole table (the filter form's
-        choices) that cost a full scan on a large lake and may well be a minute old."""
-        now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(key)
-        if hit is not None and now - hit[0] < ttl_s:
-            return cast(T, hit[1])
-        value = compute()
-        with self._lock:
-            self._cache[key] = (now, value)
-        return value
+                rows = self._con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+                self._tables = frozenset(r[0] for r in rows)
+            return self._con
 
     def tables(self) -> frozenset[str]:
         """The views that can be queried (every table of schemas.tables, plus the built credit variants)."""
@@ -101,11 +66,33 @@ class ViewerLake:
         finally:
             cur.close()
 
+    def cached(self, key: Hashable, compute: Callable[[], T], *, ttl_s: float = 60.0) -> T:
+        """``compute()``'s value, kept ``ttl_s`` under ``key``: for whole-table summaries (the filter form's
+        choices) that a page would otherwise recompute on every request of a large lake."""
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < ttl_s:
+            return hit[1]
+        value = compute()
+        self._cache[key] = (now, value)
+        return value
+
     def close(self) -> None:
         with self._lock:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+
+
+def _shareable(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """``connect`` reads a missing table as a view over a registered empty Arrow table, which only that
+    connection sees; copy each into the database (as an empty table) so every cursor can read it."""
+    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND sql LIKE '%_empty%'").fetchall()
+    for (name,) in rows:
+        if name in TABLES:  # the fixed table names only
+            con.execute(f"CREATE OR REPLACE TABLE _{name}_none AS SELECT * FROM {name}")
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{name}_none")
+    return con
 
 
 def known_table(name: str, lake: ViewerLake) -> str:

@@ -16,7 +16,7 @@ from viewer.auth import request_scope
 from viewer.errors import BadRequest, NotFound
 from viewer.queries import filters as f
 from viewer.queries.filters import FilterError
-from viewer.queries.rollout import Token, TransitionView, rollout_view
+from viewer.queries.rollout import TransitionView, rollout_view
 from viewer.templating import render
 
 
@@ -38,12 +38,12 @@ def token_cells(t: TransitionView, scale: float) -> list[TokenCell]:
     rgb = "22,163,74" if adv > 0 else "220,38,38" if adv < 0 else "148,163,184"
     out = []
     for tok in t.tokens:
-        lp = "logprob unknown" if tok.logprob is None else f"logprob {tok.logprob:.4f}"
-        title = f"{lp} · {'trained' if tok.trained else 'masked (observation)'} · advantage {adv:+.4f}"
         if tok.trained:
+            lp = "logprob unknown" if tok.logprob is None else f"logprob {tok.logprob:.4f}"
+            title = f"{lp} · trained · advantage {adv:+.4f}"
             out.append(TokenCell(tok.text, "tok", f"background: rgba({rgb},{alpha:.2f})", title))
-        else:
-            out.append(TokenCell(tok.text, "tok masked", "", title))
+        else:  # an observation (a tool result, the next user turn): not sampled, so no logprob of its own
+            out.append(TokenCell(tok.text, "tok masked", "", "masked (observation): not trained"))
     return out
 
 
@@ -58,11 +58,11 @@ async def rollout_page(request: Request) -> Response:
         f.only_known(request.query_params.keys(), ("tenant", "attempt"))
         tenant = f.text("tenant", request.query_params.get("tenant"))
         attempt = f.text("attempt", request.query_params.get("attempt"))
-        rid = f.text("rollout id", rollout_id)
+        if f.text("rollout id", rollout_id) is None:
+            raise NotFound("an empty rollout id")
     except FilterError as exc:
         raise BadRequest(str(exc)) from None
-    if rid is None:
-        raise NotFound("an empty rollout id")
+    rid = rollout_id  # as given: ids are matched exactly, spaces included
     view = rollout_view(request.app.state.lake, scope, rid, request.app.state.tokens, tenant=tenant, attempt=attempt)
     if view is None:
         raise NotFound(f"rollout {rid!r}")
@@ -71,7 +71,7 @@ async def rollout_page(request: Request) -> Response:
     return render(
         request,
         "rollout.html",
-        {"title": f"Rollout {rid}", "v": view, "t": view.trajectory, "cells": cells, "Token": Token},
+        {"title": f"Rollout {rid}", "v": view, "t": view.trajectory, "cells": cells},
     )
 
 

@@ -19,7 +19,8 @@ async def rollouts_page(request: Request) -> Response:
         flt = parse_filters(request.query_params)
     except FilterError as exc:
         raise BadRequest(str(exc)) from None
-    page = list_rollouts(request.app.state.lake, scope, flt)
+    lake = request.app.state.lake
+    page = list_rollouts(lake, scope, flt)
     return render(
         request,
         "rollouts.html",
@@ -28,7 +29,7 @@ async def rollouts_page(request: Request) -> Response:
             "page": page,
             "f": flt,
             "rows": page.rows.to_dicts(),
-            "choices": choices(request.app.state.lake, scope),
+            "choices": lake.cached(("rollout-choices", scope), lambda: choices(lake, scope)),
             "statuses": STATUSES,
             "sorts": list(SORTS),
         },

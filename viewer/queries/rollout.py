@@ -63,6 +63,15 @@ class RolloutView:
     judgements: list[dict[str, Any]]
     variants: dict[str, list[TransitionView]]  # "transitions" first, then transitions__<variant>
 
+    @property
+    def total_ms(self) -> float:
+        """The span tree's extent (ms from the rollout's start to the last span's end), for the timing bars."""
+
+        def end(n: SpanNode) -> float:
+            return max([n.offset_ms + (n.duration_ms or 0.0), *(end(c) for c in n.children)])
+
+        return max([1.0, *(end(n) for n in self.spans)])
+
 
 def _same_attempt(column: str = "attempt_id") -> str:
     return f"{column} IS NOT DISTINCT FROM ?"
@@ -74,16 +83,25 @@ def find_trajectory(
     """The rollout's chosen row (``tenant``/``attempt`` when given, else the latest updated) and all rows'
     (tenant, attempt_id) under this id in scope; (None, []) when the rollout is not there."""
     tenant_sql, params = scope.tenant_filter("tenant")
-    rows = lake.frame(
-        f"SELECT * FROM trajectories WHERE rollout_id = ? AND {tenant_sql} "
+    # the keys first (small columns), then the one whole row from its day's partition only
+    keys = lake.frame(
+        f"SELECT tenant, attempt_id, day FROM trajectories WHERE rollout_id = ? AND {tenant_sql} "
         "ORDER BY updated_at DESC, tenant, attempt_id NULLS FIRST",
         [rollout_id, *params],
     ).to_dicts()
-    attempts = [{"tenant": r["tenant"], "attempt_id": r["attempt_id"]} for r in rows]
+    attempts = [{"tenant": r["tenant"], "attempt_id": r["attempt_id"]} for r in keys]
     chosen = [
-        r for r in rows if (tenant is None or r["tenant"] == tenant) and (attempt is None or r["attempt_id"] == attempt)
+        r for r in keys if (tenant is None or r["tenant"] == tenant) and (attempt is None or r["attempt_id"] == attempt)
     ]
-    return (chosen[0] if chosen else None), attempts
+    if not chosen:
+        return None, attempts
+    key = chosen[0]
+    rows = lake.frame(
+        f"SELECT * FROM trajectories WHERE day = ? AND tenant = ? AND rollout_id = ? AND {_same_attempt()} "
+        "ORDER BY updated_at DESC LIMIT 1",
+        [key["day"], key["tenant"], rollout_id, key["attempt_id"]],
+    ).to_dicts()
+    return (rows[0] if rows else None), attempts
 
 
 def span_tree(lake: ViewerLake, trajectory: dict[str, Any]) -> list[SpanNode]:
@@ -139,9 +157,10 @@ def _json(raw: Any) -> Any:  # noqa: ANN401 - JSON text as stored
 def transitions(lake: ViewerLake, table: str, trajectory: dict[str, Any], tokens: TokenText) -> list[TransitionView]:
     """The rollout attempt's rows of ``table`` (``transitions`` or a variant) in step order, tokens decoded."""
     name = known_table(table, lake)
+    # a transition's day is its trajectory's: the partition filter lets DuckDB read that day's files only
     rows = lake.frame(
-        f"SELECT * FROM {name} WHERE tenant = ? AND rollout_id = ? AND {_same_attempt()} ORDER BY step",
-        [trajectory["tenant"], trajectory["rollout_id"], trajectory["attempt_id"]],
+        f"SELECT * FROM {name} WHERE day = ? AND tenant = ? AND rollout_id = ? AND {_same_attempt()} ORDER BY step",
+        [trajectory["day"], trajectory["tenant"], trajectory["rollout_id"], trajectory["attempt_id"]],
     ).to_dicts()
     trained = _trained_in(lake, [r["transition_id"] for r in rows])
     out = []
