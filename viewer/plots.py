@@ -1,4 +1,4 @@
-"""Reward plots as server-rendered SVG (matplotlib, Agg): one line per series with its interval shaded.
+"""Reward plots as server-rendered SVG (matplotlib, Agg): one line per series with its interval drawn.
 
 A plot is drawn once per distinct data (an LRU cache keyed by what it shows), since the same page asked
 again draws the same picture. Pages embed it as a base64 ``data:`` image, so labels taken from the lake
@@ -41,7 +41,7 @@ _lock = threading.Lock()
 
 def reward_plot(frame: pl.DataFrame, *, title: str, series_label: str, bucket: str) -> Plot:
     """Mean reward per ``bucket`` for each series of ``frame`` (columns bucket, key, n, mean, low, high, as
-    ``viewer.queries.versions.reward_over_time`` returns), the 95% interval of each mean shaded."""
+    ``viewer.queries.versions.reward_over_time`` returns), the 95% interval of each mean drawn as a bar and a band."""
     key = (title, series_label, bucket, tuple(frame.select("bucket", "key", "n", "mean", "low", "high").rows()))
     with _lock:
         hit = _cache.get(key)
@@ -67,16 +67,15 @@ def _draw(frame: pl.DataFrame, *, title: str, series_label: str, bucket: str) ->
         x = s["bucket"].to_list()
         line = ax.plot(x, s["mean"].to_list(), marker="o", markersize=3, linewidth=1.5, label=name)[0]
         lows, highs = s["low"].to_list(), s["high"].to_list()
-        if any(v is not None for v in lows):
-            ax.fill_between(
-                x,
-                [lo if lo is not None else m for lo, m in zip(lows, s["mean"].to_list(), strict=True)],
-                [hi if hi is not None else m for hi, m in zip(highs, s["mean"].to_list(), strict=True)],
-                color=line.get_color(),
-                alpha=0.18,
-                linewidth=0,
-            )
-    ax.set_title(f"{title}\nmean per {bucket}; shaded: 95% normal interval of the mean (2+ rollouts)", fontsize=9)
+        if any(v is not None for v in lows):  # a bucket of one rollout has no interval: a gap in the band
+            nan = float("nan")
+            low = [nan if v is None else v for v in lows]
+            high = [nan if v is None else v for v in highs]
+            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+            ax.vlines(x, low, high, color=line.get_color(), alpha=0.6, linewidth=1)  # seen where a band cannot be
+    ax.set_title(
+        f"{title}\nmean per {bucket}; bars and band: 95% normal interval of the mean (2+ rollouts)", fontsize=9
+    )
     ax.set_xlabel(f"rollout end ({bucket}, UTC)", fontsize=8)
     ax.set_ylabel("mean final reward", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -90,6 +89,7 @@ def _draw(frame: pl.DataFrame, *, title: str, series_label: str, bucket: str) ->
         ax.text(0.5, 0.5, "no rollouts with a final reward", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None})
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as <text>, not glyph paths: a third the size
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     uri = "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
     return Plot(uri=uri, series=tuple(sorted(shown)), left_out=tuple(rest), empty=not shown)

@@ -5,17 +5,21 @@ rollouts and rewards there too."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from schemas.config import load_settings
 from schemas.lake import Lake
-from tests.viewer.versions_lake import A, B, KAFKA, NOW, TRACKING, build
+from tests.viewer.versions_lake import KAFKA, NOW, TRACKING, A, B, build
 from viewer.app import create_app
 from viewer.auth import OPERATOR, Scope
 from viewer.lake import ViewerLake
@@ -78,7 +82,8 @@ def test_reward_over_time_per_version_and_agent_matches_the_trajectories(lake: L
     # a tenant: only its rows (team-b's rewards are all 0.0; 2026-03-01 is a Sunday: two weeks)
     mine = q.reward_over_time(vl, Scope(tenant=B, operator=False), by="agent", bucket="week")
     assert set(mine["key"]) == {"spy"} and mine["n"].sum() == 3 and set(mine["mean"]) == {0.0}
-    theirs = q.reward_over_time(vl, Scope(tenant=A, operator=False), by="agent", bucket="day", versions=["v0002"])
+    assert mine["bucket"].to_list() == [dt.datetime(2026, 2, 23, tzinfo=dt.UTC), dt.datetime(2026, 3, 2, tzinfo=dt.UTC)]
+    theirs = q.reward_over_time(vl, Scope(tenant=A, operator=False), by="agent", bucket="day", sampled_by="v0002")
     assert set(theirs["key"]) == {"solver"} and theirs["mean"].to_list() == [1.0, 1.0]
 
 
@@ -89,7 +94,9 @@ def test_version_detail_lineage_and_tenant_scoped_rollouts(lake: Lake) -> None:
     assert [a["version"] for a in d.ancestors] == ["v0001"] and [x["version"] for x in d.descendants] == ["v0003"]
     assert d.n_rollouts == 3 and d.n_transitions == 4
     assert sorted(zip(d.rollouts["tenant"], d.rollouts["rollout_id"], strict=True)) == [
-        (A, "a-r2"), (A, "a-r3"), (B, "b-r1")
+        (A, "a-r2"),
+        (A, "a-r3"),
+        (B, "b-r1"),
     ]
     assert d.rollouts.filter(pl.col("rollout_id") == "a-r3")["transitions"].item() == 2
     assert d.evaluations["verdict"].to_list() == ["gain beyond noise"]
@@ -101,11 +108,13 @@ def test_version_detail_lineage_and_tenant_scoped_rollouts(lake: Lake) -> None:
 def test_ingest_positions_and_left_out_counts(lake: Lake) -> None:
     vl = ViewerLake(lake)
     (spans, rewards) = h.ingest_positions(vl, KAFKA)
-    assert [(p.topic, p.partition, p.watermark) for p in spans.partitions] == [("s", 0, 8)]  # offsets 0..8: the rollouts
+    # offsets 0..8 hold the rollouts; the junk record at 9 went to `quarantine` with that table's own watermark
+    assert [(p.topic, p.partition, p.watermark) for p in spans.partitions] == [("s", 0, 8)]
     assert rewards.version is None and rewards.partitions == []
-    counts = {c.label: c.n for c in h.left_out(vl, OPERATOR, load_settings(environ={}).credit, NOW)}
+    credit = load_settings(environ={}).credit
+    counts = {c.label: c.n for c in h.left_out(vl, OPERATOR, credit, NOW)}
     assert counts["waiting for a reward"] == 1 and counts["quarantined"] == 1 and counts["running"] == 0
-    tenant = {c.label: c.n for c in h.left_out(vl, Scope(tenant=B, operator=False), load_settings(environ={}).credit, NOW)}
+    tenant = {c.label: c.n for c in h.left_out(vl, Scope(tenant=B, operator=False), credit, NOW)}
     assert tenant["waiting for a reward"] == 0 and "quarantined" not in tenant
 
 
@@ -130,10 +139,10 @@ def test_version_page_shows_lineage_rollouts_evaluations_and_tracker_run(client:
     assert page.status_code == 200, page.text
     text = page.text
     assert 'href="/versions/v0001"' in text and 'href="/versions/v0003"' in text  # came from, went to
-    for rid in ("a-r2", "a-r3", "b-r1"):
-        assert f'href="/rollouts/{rid}"' in text
+    for rid, tenant in (("a-r2", A), ("a-r3", A), ("b-r1", B)):
+        assert f'href="/rollouts/{rid}?tenant={tenant}"' in text
     assert "0.620 [0.550, 0.700]" in text and "+0.220 [+0.120, +0.310]" in text
-    assert f'href="{TRACKING}"' in text
+    assert f'href="{TRACKING}"' in text and "/lake/transitions</code>" in text
     assert len(svg_text(text)) == 2
 
 
@@ -168,8 +177,9 @@ def test_health_page_shows_watermarks_counts_and_where_the_checks_are(client: Te
 def test_a_tenant_sees_only_its_rollouts_and_rewards_on_these_pages(client: TestClient) -> None:
     version = get(client, "/versions/v0002", token="tok-b")
     assert version.status_code == 200
-    assert 'href="/rollouts/b-r1"' in version.text
+    assert 'href="/rollouts/b-r1?tenant=team-b"' in version.text
     assert "a-r2" not in version.text and "a-r3" not in version.text
+    assert "/lake/transitions</code>" not in version.text  # how much every tenant gave it is the operator's
     health = get(client, "/health", token="tok-b")
     assert health.status_code == 200
     (svg,) = svg_text(health.text)
@@ -179,3 +189,35 @@ def test_a_tenant_sees_only_its_rollouts_and_rewards_on_these_pages(client: Test
     assert all("solver" not in s for s in plots)
     assert get(client, "/versions").status_code == 200
     assert client.get("/versions").status_code == 401  # tokens configured: no token, no page
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.sampled_from(["page", "status", "bucket", "agent"]),
+    value=st.text(max_size=30),
+    path=st.sampled_from(["/versions", "/versions/v0002", "/health"]),
+)
+def test_any_query_value_is_a_page_or_a_400_never_a_500(client: TestClient, name: str, value: str, path: str) -> None:
+    r = client.get(path, params={name: value}, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code in (200, 400), (path, name, value, r.status_code)
+    if r.status_code == 400:
+        assert f"{name}=" in r.text and "is not valid" in r.text
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(version=st.text(min_size=1, max_size=40).filter(lambda v: v not in ("v0001", "v0002", "v0003", ".", "..")))
+def test_any_unknown_version_is_a_404_or_a_400(client: TestClient, version: str) -> None:
+    """("." and ".." are not names: the client resolves them as path steps, as a browser does.)"""
+    r = client.get("/versions/" + quote(version, safe=""), headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code in (400, 404), (version, r.status_code)
+
+
+def test_an_empty_lake_serves_these_pages_and_404s_every_version(tmp_path: Path) -> None:
+    settings = load_settings(environ={}, overrides={"state": {"dir": str(tmp_path / "state")}})
+    with TestClient(create_app(settings, Lake(str(tmp_path / "lake")))) as c:
+        versions = c.get("/versions")
+        assert versions.status_code == 200 and "No model versions yet" in versions.text
+        health = c.get("/health")
+        assert health.status_code == 200 and "not written yet: nothing ingested" in health.text
+        assert "no rollouts with a final reward" in svg_text(health.text)[0]
+        assert c.get("/versions/v0001").status_code == 404

@@ -66,8 +66,14 @@ def _record(i: int, s: Spec) -> KafkaRecord:
         for k in range(s.calls)
     ]
     at = DAY0 + dt.timedelta(days=s.day, minutes=i)
-    r = Rollout(s.rollout_id, task_id=f"task-{i % 3}", calls=calls, final_reward=s.reward, agent=s.agent,
-                t0_ns=int(at.timestamp()) * 10**9)
+    r = Rollout(
+        s.rollout_id,
+        task_id=f"task-{i % 3}",
+        calls=calls,
+        final_reward=s.reward,
+        agent=s.agent,
+        t0_ns=int(at.timestamp()) * 10**9,
+    )
     headers = [(topics.HEADER_TENANT, s.tenant.encode())]
     return KafkaRecord("s", 0, i, s.rollout_id.encode(), encode(make_spans(r)), headers)
 
@@ -89,8 +95,15 @@ def build(root: Path) -> Lake:
     reg = Registry(lake)
     for n, parent in ((1, None), (2, "v0001"), (3, "v0002")):
         reg.add(
-            version=f"v{n:04d}", version_number=n, base_model="smollm2-135m", kind="lora", path=f"/ckpt/v{n:04d}",
-            parent_version=parent, served_name="policy", train_table=lake.uri("transitions"), n_transitions=4,
+            version=f"v{n:04d}",
+            version_number=n,
+            base_model="smollm2-135m",
+            kind="lora",
+            path=f"/ckpt/v{n:04d}",
+            parent_version=parent,
+            served_name="policy",
+            train_table=lake.uri("transitions"),
+            n_transitions=4,
             tracking_url=TRACKING if n == 2 else None,
         )
     reg.set_status("v0001", "published", published_at=DAY0)
@@ -99,13 +112,25 @@ def build(root: Path) -> Lake:
     lineage = Lineage(lake)
     for version, ids in (("v0001", ["a-r0", "a-r1", "b-r0"]), ("v0002", ["a-r2", "a-r3", "b-r1"])):
         rows = transitions.filter(pl.col("rollout_id").is_in(ids)).select("transition_id", "rollout_id")
-        lineage.record(model_version=version, train_table=lake.uri("transitions"), table_version=0, rows=rows.to_arrow())
+        lineage.record(
+            model_version=version, train_table=lake.uri("transitions"), table_version=0, rows=rows.to_arrow()
+        )
     paired = Paired(
         n_tasks=40,
         confidence=0.95,
-        before=Interval(0.40, 0.31, 0.49), after=Interval(0.62, 0.55, 0.70), diff=Interval(0.22, 0.12, 0.31),
+        before=Interval(0.40, 0.31, 0.49),
+        after=Interval(0.62, 0.55, 0.70),
+        diff=Interval(0.22, 0.12, 0.31),
         verdict="gain beyond noise",
     )
-    record(lake, paired_rows(paired, before_version="v0001", after_version="v0002", compare_before=True),
-           task_set="held-out-40", n_tasks=40, n_samples=4, confidence=0.95, source="demo", at=DAY0)
+    record(
+        lake,
+        paired_rows(paired, before_version="v0001", after_version="v0002", compare_before=True),
+        task_set="held-out-40",
+        n_tasks=40,
+        n_samples=4,
+        confidence=0.95,
+        source="demo",
+        at=DAY0,
+    )
     return lake

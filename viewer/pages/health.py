@@ -1,5 +1,8 @@
 """/health: reward per agent over time, where ingestion is in Kafka (the lake's side), what was left out, and
-where the asset checks' results are (Dagster's instance, not the lake: a link to its UI)."""
+where the asset checks' results are (Dagster's instance, not the lake: a link to its UI).
+
+Handlers are plain functions: Starlette runs them on its thread pool, so a slow lake query does not hold up
+other requests (DuckDB releases the GIL while it scans)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ def dagster_url(settings: Settings) -> str:
     return f"http://{host}:{settings.dagster.port}/assets"
 
 
-async def health_page(request: Request) -> Response:
+def health_page(request: Request) -> Response:
     scope = request_scope(request)
     bucket = q.bucket_name(request.query_params.get("bucket"))
     lake = request.app.state.lake

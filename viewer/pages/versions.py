@@ -1,5 +1,7 @@
 """/versions (the registry's versions, reward per version and per agent) and /versions/{version} (its lineage,
-the rollouts it trained on, its evaluations, its tracker run, the reward of what it sampled)."""
+the rollouts it trained on, its evaluations, its tracker run, the reward of what it sampled).
+
+Handlers are plain functions, run on Starlette's thread pool (see viewer/pages/health.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from viewer.queries.params import page_number
 from viewer.templating import render
 
 
-def rollout_href(rollout_id: str) -> str:
-    """The rollout page of ``rollout_id`` (any character quoted, "/" included)."""
-    return "/rollouts/" + quote(rollout_id, safe="")
+def rollout_href(rollout_id: str, tenant: str | None = None) -> str:
+    """The rollout page of ``rollout_id`` (any character quoted, "/" included), of ``tenant`` (two tenants may
+    use one id)."""
+    return "/rollouts/" + quote(rollout_id, safe="") + ("?" + urlencode({"tenant": tenant}) if tenant else "")
 
 
 def version_href(version: str) -> str:
@@ -43,7 +46,7 @@ def _pages(page: int, total: int, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def versions_page(request: Request) -> Response:
+def versions_page(request: Request) -> Response:
     scope = request_scope(request)
     params = dict(request.query_params)
     f = q.VersionsFilter.parse(params)
@@ -66,13 +69,15 @@ async def versions_page(request: Request) -> Response:
             "total": total,
             "pager": _pages(f.page, total, params),
             "version_href": version_href,
-            "plot_versions": reward_plot(by_version, title="Reward per policy version", series_label="version", bucket=bucket),
+            "plot_versions": reward_plot(
+                by_version, title="Reward per policy version", series_label="version", bucket=bucket
+            ),
             "plot_agents": reward_plot(by_agent, title="Reward per agent", series_label="agent", bucket=bucket),
         },
     )
 
 
-async def version_page(request: Request) -> Response:
+def version_page(request: Request) -> Response:
     scope = request_scope(request)
     version = q.version_name(request.path_params["version"])
     params = dict(request.query_params)
@@ -83,12 +88,14 @@ async def version_page(request: Request) -> Response:
     if detail is None:
         raise NotFound(f"Model version {version!r}")
     # the version beside its parent and children, so a step up or down shows; and per agent, its own rollouts
-    family = [a["version"] for a in detail.ancestors[:1]] + [version] + [
-        d["version"] for d in detail.descendants if d["parent_version"] == version
-    ]
+    family = (
+        [a["version"] for a in detail.ancestors[:1]]
+        + [version]
+        + [d["version"] for d in detail.descendants if d["parent_version"] == version]
+    )
     by_version = q.reward_over_time(lake, scope, by="version", bucket=bucket, versions=family)
-    by_agent = q.reward_over_time(lake, scope, by="agent", bucket=bucket, versions=[version])
-    rollouts = [{**r, "href": rollout_href(r["rollout_id"])} for r in detail.rollouts.to_dicts()]
+    by_agent = q.reward_over_time(lake, scope, by="agent", bucket=bucket, sampled_by=version)
+    rollouts = [{**r, "href": rollout_href(r["rollout_id"], r["tenant"])} for r in detail.rollouts.to_dicts()]
     return render(
         request,
         "version.html",
@@ -103,8 +110,10 @@ async def version_page(request: Request) -> Response:
             "pager": _pages(page, detail.n_rollouts, params),
             "version_href": version_href,
             "plot_versions": reward_plot(
-                by_version, title=f"Reward of rollouts sampled by {version}, its parent and children",
-                series_label="version", bucket=bucket,
+                by_version,
+                title=f"Reward of rollouts sampled by {version}, its parent and children",
+                series_label="version",
+                bucket=bucket,
             ),
             "plot_agents": reward_plot(
                 by_agent, title=f"Reward per agent, rollouts sampled by {version}", series_label="agent", bucket=bucket

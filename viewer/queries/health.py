@@ -143,17 +143,27 @@ def left_out(lake: ViewerLake, scope: Scope, credit: CreditSettings, now: dt.dat
                 else f"trained with the default reward {credit.missing_reward}"
             ),
         ),
-        Count("trained on the default reward", int(trans["defaulted"]), "rollouts whose transitions have reward_source 'default'"),
+        Count(
+            "trained on the default reward",
+            int(trans["defaulted"]),
+            "rollouts whose transitions have reward_source 'default'",
+        ),
         Count(
             "token mismatch",
             int(trans["mismatch"]),
             "transitions whose retokenized ids differ from what the server renders: "
-            + ("trained anyway (credit.train_token_mismatch)" if credit.train_token_mismatch else "left out of training"),
+            + (
+                "trained anyway (credit.train_token_mismatch)"
+                if credit.train_token_mismatch
+                else "left out of training"
+            ),
         ),
     ]
     if scope.operator:
         q = lake.frame("SELECT count(*) AS n FROM quarantine").item()
-        counts.append(Count("quarantined", int(q), "Kafka records ingestion could not decode, kept in `quarantine`"))
+        counts.append(
+            Count("quarantined", int(q), "Kafka records ingestion could not decode, kept in the quarantine table")
+        )
     return counts
 
 
