@@ -18,6 +18,7 @@ from agentlake.cli import serving as _serving  # noqa: E402,F401
 from agentlake.cli import stack as _stack  # noqa: E402,F401
 from agentlake.cli import train as _train  # noqa: E402,F401
 from agentlake.cli import transitions as _transitions  # noqa: E402,F401
+from agentlake.cli import ui as _ui  # noqa: E402,F401
 from agentlake.cli.app import app, console
 
 __all__ = ["app", "console"]

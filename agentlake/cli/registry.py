@@ -143,6 +143,7 @@ def show(version: str = typer.Argument(..., help="A version, e.g. v0003."), conf
     if evaluation is not None:
         shown += f", {evaluation['source']}, {evaluation['evaluated_at']:%Y-%m-%d %H:%M:%S}"
     console.print(f"[bold]latest evaluation[/]: {shown}")
+    console.print(f"[bold]viewer[/]: {settings.viewer.link(f'/versions/{version}')}")  # [viewer], or the stack's
 
 
 @model_app.command()

@@ -65,6 +65,8 @@ def up(
         console.print(f"[yellow]warning:[/] {local.NO_WEED_WARNING}")
     if dagster and asked == "production" and settings.dagster.profile == "dev":  # fell back: no PostgreSQL
         console.print(f"[yellow]warning:[/] {NO_POSTGRES_WARNING}")
+    if any(r.name == "viewer" and r.healthy for r in rows):
+        console.print(f"the viewer: {settings.viewer.link('/rollouts')}", soft_wrap=True)
     console.print(f"logs: {local.state_dir(settings) / 'logs'}   stop with: agentlake down")
     console.print(f"other tools find this stack through {stack_file(local.state_dir(settings))}")
 

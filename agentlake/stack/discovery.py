@@ -1,6 +1,6 @@
 """How every other tool finds the running local stack: `agentlake up` records it, settings loading reads it.
 
-`up` writes the live addresses (broker, lake, collector, gateway, vLLM, Dagster) and the pid and start
+`up` writes the live addresses (broker, lake, collector, gateway, vLLM, Dagster, the viewer) and the pid and start
 time of each process to ``<state>/stack.json`` (``write_stack_file``); `down` removes it. The reader sits
 below agentlake, in ``schemas.config.stack_file``, with the liveness check in ``schemas.processes``: every
 tool that loads settings (the collector, ``dagster asset materialize``, the trainer) reads the file
@@ -59,6 +59,9 @@ def write_stack_file(sdir: Path, settings: Settings, bootstrap: str) -> Path:
     }
     if "mlflow" in procs:  # the stack's MLflow server (agentlake.stack.mlflow_server): the trainer's tracking.uri
         doc["settings"]["tracking"] = {"uri": procs["mlflow"]["address"]}  # type: ignore[index]
+    if "viewer" in procs:  # the stack's viewer (agentlake.stack.viewer): where links to its pages point
+        host, _, port = procs["viewer"]["address"].removeprefix("http://").rpartition(":")
+        doc["settings"]["viewer"] = {"host": host, "port": int(port)}  # type: ignore[index]
     path = stack_file(sdir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

@@ -1,6 +1,7 @@
 """`agentlake up / status / down`: bring the local stack up in order, report it, take it down.
 
-Order: object store + broker (unless an external Kafka is configured) -> topics -> collector -> Dagster ->
+Order: object store + broker (unless an external Kafka is configured) -> topics -> collector -> MLflow -> viewer ->
+Dagster ->
 (vLLM -> gateway, when asked). Each part is a managed process (pid file + log in the state
 folder) and `up` waits until each answers its health probe before starting the next one.
 Children get absolute paths and the broker address through the environment, so they read
@@ -31,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentlake.stack import dagster, mlflow_server, objectstore, postgres, processes
+from agentlake.stack import viewer as viewer_part
 from agentlake.stack.broker import broker_argv, durable_storage, ensure_topics
 from agentlake.stack.discovery import write_stack_file
 from agentlake.stack.health import gateway_restoring, http_ok, kafka_ok, server_ok
@@ -53,7 +55,8 @@ PARTS = (
     "vllm",
     "gateway",
     "loader",
-    "mlflow",  # stopped first: nothing else depends on it, and it writes to postgres
+    "mlflow",  # nothing else depends on it, and it writes to postgres
+    "viewer",  # stopped first: it only reads the lake
 )
 BROKER_PORT_FILE = "broker.port"
 LOCAL_REPLICA = "local"  # the loader's replica name when serving.replica is empty
@@ -376,6 +379,10 @@ def up(
             on_step("mlflow")
             settings.tracking.uri = start_mlflow(settings) or settings.tracking.uri
             env["AGENTLAKE_TRACKING__URI"] = settings.tracking.uri
+        if settings.viewer.enabled:  # before Dagster: its links (asset metadata) point at the viewer's port
+            on_step("viewer")
+            start_viewer(settings, env)
+            env["AGENTLAKE_VIEWER__PORT"] = str(settings.viewer.port)
         if with_dagster:
             _start_dagster(settings, env, on_step)
         if with_vllm or settings.vllm.enabled:
@@ -484,6 +491,37 @@ def start_mlflow(settings: Settings) -> str | None:
     return plan.url
 
 
+def start_viewer(settings: Settings, env: dict[str, str]) -> str:
+    """Start the trajectory viewer (`agentlake ui`) unless it runs; return its URL, also set in ``settings.viewer``
+    (host and port) so the stack file records where it listens."""
+    sdir = state_dir(settings)
+    existing = processes.read(sdir, viewer_part.PART)
+    if existing is None or not existing.is_running():
+        port, taken = viewer_part.choose_port(settings)
+        if taken:
+            _log_line(settings, viewer_part.PART, taken)
+            logger.warning(taken)
+        address = viewer_part.url(settings.viewer.host, port)
+        argv = viewer_part.argv(settings, port)
+        existing = processes.start(sdir, viewer_part.PART, argv, address=address, env=env, cwd=REPO_ROOT)
+        _wait(viewer_part.PART, lambda: http_ok(f"{address}{viewer_part.PROBE_PATH}"), existing, 60)
+    settings.viewer.port = int(existing.address.rsplit(":", 1)[1])
+    return existing.address
+
+
+def _viewer_status(settings: Settings) -> PartStatus | None:
+    """The viewer's row: healthy while it serves its pages; none when it is off and was never started."""
+    proc = processes.read(state_dir(settings), viewer_part.PART)
+    if proc is None and not settings.viewer.enabled:
+        return None
+    address = proc.address if proc is not None else "-"
+    probe = f"{address}{viewer_part.PROBE_PATH}" if proc is not None else None
+    row = _http_status(viewer_part.PART, address, proc, probe)
+    if proc is not None and proc.is_running():
+        row = replace(row, detail=f"open {address}/rollouts; {row.detail}")
+    return row
+
+
 def _details_file(settings: Settings) -> Path:
     return mlflow_server.folder(state_dir(settings)) / "server.json"
 
@@ -590,6 +628,8 @@ def status(settings: Settings) -> list[PartStatus]:
         rows.extend(policy_status(settings))  # a vLLM this stack started that died serves nothing
     if (tracking := _mlflow_status(settings)) is not None:
         rows.append(tracking)
+    if (viewer_row := _viewer_status(settings)) is not None:
+        rows.append(viewer_row)
     return rows
 
 

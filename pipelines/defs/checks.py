@@ -1,10 +1,15 @@
-"""Asset checks: the invariants the trainer relies on, evaluated on the tables as written."""
+"""Asset checks: the invariants the trainer relies on, evaluated on the tables as written.
+
+A check that finds bad transitions names the first rollout holding one, with a link to its page in the
+trajectory viewer (``ViewerResource``)."""
+
+from typing import Any
 
 import polars as pl
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from pipelines.defs.assets import rewards, spans, trajectories, transitions
-from pipelines.defs.resources import CreditResource, LakeResource
+from pipelines.defs.resources import CreditResource, LakeResource, ViewerResource
 from pipelines.gold.token_check import MISMATCH, STATUSES, TOKEN_STATUS_PREFIX
 from trainer.provenance import is_unverified, registered_hashes
 from trainer.registry import Registry
@@ -53,35 +58,42 @@ def rewards_unique(lake: LakeResource) -> AssetCheckResult:
     return _unique(lake, "rewards", ["source", "reward_id"], ["tenant", "source", "reward_id"])
 
 
+def _first_rollout(scan: pl.LazyFrame, bad: pl.Expr, viewer: ViewerResource) -> dict[str, Any]:
+    """The first rollout (by id) with a ``bad`` row, and a link to its page in the viewer: where to look first."""
+    first = scan.filter(bad).select(pl.col("rollout_id").min()).collect()["rollout_id"][0]
+    return {} if first is None else {"first_rollout": first, "first_rollout_page": viewer.link(f"/rollouts/{first}")}
+
+
 @asset_check(asset=transitions, description="Response ids, logprobs and loss mask have the same length.")
-def transitions_lengths(lake: LakeResource) -> AssetCheckResult:
+def transitions_lengths(lake: LakeResource, viewer: ViewerResource) -> AssetCheckResult:
     scan = lake.lake().scan("transitions")
     if scan is None:
         return AssetCheckResult(passed=True, metadata={"rows": 0})
     n = pl.col("response_ids").list.len()
-    bad = scan.select(
-        pl.len().alias("rows"),
-        (
-            (pl.col("loss_mask").list.len() != n)
-            | (pl.col("response_logprobs").is_not_null() & (pl.col("response_logprobs").list.len() != n))
-        )
-        .sum()
-        .alias("bad"),
-    ).collect()
-    return AssetCheckResult(
-        passed=int(bad["bad"][0]) == 0, metadata={"rows": int(bad["rows"][0]), "mismatched": int(bad["bad"][0])}
+    mismatched = (pl.col("loss_mask").list.len() != n) | (
+        pl.col("response_logprobs").is_not_null() & (pl.col("response_logprobs").list.len() != n)
     )
+    bad = scan.select(pl.len().alias("rows"), mismatched.sum().alias("bad")).collect()
+    n_bad = int(bad["bad"][0])
+    meta: dict[str, Any] = {"rows": int(bad["rows"][0]), "mismatched": n_bad}
+    if n_bad:
+        meta.update(_first_rollout(scan, mismatched, viewer))
+    return AssetCheckResult(passed=n_bad == 0, metadata=meta)
 
 
 @asset_check(asset=transitions, description="Every reward, return and advantage is a finite number.")
-def transitions_finite(lake: LakeResource) -> AssetCheckResult:
+def transitions_finite(lake: LakeResource, viewer: ViewerResource) -> AssetCheckResult:
     scan = lake.lake().scan("transitions")
     if scan is None:
         return AssetCheckResult(passed=True, metadata={"rows": 0})
     cols = ["reward", "return", "advantage"]
-    bad = scan.select(pl.any_horizontal([~pl.col(c).is_finite() for c in cols]).sum().alias("bad")).collect()
+    non_finite = pl.any_horizontal([~pl.col(c).is_finite() for c in cols])
+    bad = scan.select(non_finite.sum().alias("bad")).collect()
     n_bad = int(bad["bad"][0])
-    return AssetCheckResult(passed=n_bad == 0, metadata={"non_finite": n_bad})
+    meta: dict[str, Any] = {"non_finite": n_bad}
+    if n_bad:
+        meta.update(_first_rollout(scan, non_finite, viewer))
+    return AssetCheckResult(passed=n_bad == 0, metadata=meta)
 
 
 @asset_check(

@@ -33,7 +33,7 @@ from dagster import (
 )
 
 from pipelines.defs.assets import policy, transitions
-from pipelines.defs.resources import HealthResource, LakeResource
+from pipelines.defs.resources import HealthResource, LakeResource, ViewerResource
 from pipelines.lake import health as signals
 from schemas.config.health import HealthCheckSettings
 from schemas.lake import Lake
@@ -42,8 +42,11 @@ from trainer.registry import Registry
 WATCHED = ("transitions", "model_versions")  # a new Delta version of either runs the checks
 
 
-def result(finding: signals.Finding, cfg: HealthCheckSettings, section: str) -> AssetCheckResult:
-    """A signal's finding as a check result: its severity from settings, the values as metadata."""
+def result(
+    finding: signals.Finding, cfg: HealthCheckSettings, section: str, viewer: ViewerResource | None = None
+) -> AssetCheckResult:
+    """A signal's finding as a check result: its severity from settings, the values as metadata; with ``viewer``,
+    each version it names (``version``, ``<line>/version``) also as a link to its page (``<key>_page``)."""
     if not cfg.enabled:
         return AssetCheckResult(
             passed=True,
@@ -53,11 +56,16 @@ def result(finding: signals.Finding, cfg: HealthCheckSettings, section: str) -> 
         )
     meta: dict[str, Any] = {k: v for k, v in finding.values.items() if v is not None}
     meta.update(skipped=finding.skipped, description=finding.description)
+    links = {}
+    if viewer is not None:
+        named = {k: v for k, v in meta.items() if (k == "version" or k.endswith("/version")) and isinstance(v, str)}
+        links = {f"{k}_page": viewer.link(f"/versions/{v}") for k, v in named.items()}
+    meta = {k: MetadataValue.text(v) if isinstance(v, str) else v for k, v in meta.items()}
     return AssetCheckResult(
         passed=not finding.fired,
         severity=AssetCheckSeverity.ERROR if cfg.severity == "error" else AssetCheckSeverity.WARN,
         description=finding.description,
-        metadata={k: MetadataValue.text(v) if isinstance(v, str) else v for k, v in meta.items()},
+        metadata={**meta, **links},
     )
 
 
@@ -108,9 +116,10 @@ def transitions_reward_shift(lake: LakeResource, health: HealthResource) -> Asse
     description="model_versions: the newest version's response entropy, against a floor and its line's first "
     "versions ([health.entropy]).",
 )
-def model_versions_entropy(lake: LakeResource, health: HealthResource) -> AssetCheckResult:
+def model_versions_entropy(lake: LakeResource, health: HealthResource, viewer: ViewerResource) -> AssetCheckResult:
     cfg = health.settings().entropy
-    return result(signals.per_line(_versions(lake.lake()), lambda v: signals.entropy_collapse(v, cfg)), cfg, "entropy")
+    finding = signals.per_line(_versions(lake.lake()), lambda v: signals.entropy_collapse(v, cfg))
+    return result(finding, cfg, "entropy", viewer)
 
 
 @asset_check(
@@ -118,9 +127,9 @@ def model_versions_entropy(lake: LakeResource, health: HealthResource) -> AssetC
     blocking=False,
     description="model_versions: the newest version's KL to the reference model ([health.kl]).",
 )
-def model_versions_kl(lake: LakeResource, health: HealthResource) -> AssetCheckResult:
+def model_versions_kl(lake: LakeResource, health: HealthResource, viewer: ViewerResource) -> AssetCheckResult:
     cfg = health.settings().kl
-    return result(signals.per_line(_versions(lake.lake()), lambda v: signals.kl_blowup(v, cfg)), cfg, "kl")
+    return result(signals.per_line(_versions(lake.lake()), lambda v: signals.kl_blowup(v, cfg)), cfg, "kl", viewer)
 
 
 @asset_check(
@@ -128,9 +137,10 @@ def model_versions_kl(lake: LakeResource, health: HealthResource) -> AssetCheckR
     blocking=False,
     description="model_versions: the newest version's mean policy ratio pi/pi_old ([health.ratio]).",
 )
-def model_versions_ratio(lake: LakeResource, health: HealthResource) -> AssetCheckResult:
+def model_versions_ratio(lake: LakeResource, health: HealthResource, viewer: ViewerResource) -> AssetCheckResult:
     cfg = health.settings().ratio
-    return result(signals.per_line(_versions(lake.lake()), lambda v: signals.ratio_blowup(v, cfg)), cfg, "ratio")
+    finding = signals.per_line(_versions(lake.lake()), lambda v: signals.ratio_blowup(v, cfg))
+    return result(finding, cfg, "ratio", viewer)
 
 
 @asset_check(
@@ -139,10 +149,10 @@ def model_versions_ratio(lake: LakeResource, health: HealthResource) -> AssetChe
     description="model_versions: the newest version's clip fraction, against a ceiling and its line's "
     "previous versions ([health.clip_frac]).",
 )
-def model_versions_clip_frac(lake: LakeResource, health: HealthResource) -> AssetCheckResult:
+def model_versions_clip_frac(lake: LakeResource, health: HealthResource, viewer: ViewerResource) -> AssetCheckResult:
     cfg = health.settings().clip_frac
     finding = signals.per_line(_versions(lake.lake()), lambda v: signals.clip_frac_spike(v, cfg))
-    return result(finding, cfg, "clip_frac")
+    return result(finding, cfg, "clip_frac", viewer)
 
 
 @asset_check(
@@ -151,7 +161,9 @@ def model_versions_clip_frac(lake: LakeResource, health: HealthResource) -> Asse
     description="model_versions: training reward rising across a line's last versions while their held-out "
     "eval falls ([health.reward_hacking]).",
 )
-def model_versions_reward_hacking(lake: LakeResource, health: HealthResource) -> AssetCheckResult:
+def model_versions_reward_hacking(
+    lake: LakeResource, health: HealthResource, viewer: ViewerResource
+) -> AssetCheckResult:
     cfg = health.settings().reward_hacking
     the_lake = lake.lake()
     rows = _transitions(the_lake)
@@ -159,7 +171,7 @@ def model_versions_reward_hacking(lake: LakeResource, health: HealthResource) ->
         return _no_transitions("reward_hacking", cfg)
     train = signals.training_rewards(signals.rollout_rewards(rows))
     finding = signals.per_line(_versions(the_lake), lambda v: signals.reward_hacking(v, train, cfg))
-    return result(finding, cfg, "reward_hacking")
+    return result(finding, cfg, "reward_hacking", viewer)
 
 
 health_checks: list[AssetChecksDefinition] = [

@@ -1,5 +1,6 @@
 """Dagster resources: the clients assets and sensors use (the lake, Kafka consumers, credit settings,
-the policy's tokenizer, the trainer), configured once from agentlake settings when the code location loads.
+the policy's tokenizer, the trainer, the viewer's address for links), configured once from agentlake
+settings when the code location loads.
 
 Assets receive these instead of reading settings themselves, so tests swap in a temporary lake
 and a test broker, and a deployment sets them with environment variables.
@@ -20,13 +21,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from dagster import ConfigurableResource, EnvVar
+from dagster import ConfigurableResource, EnvVar, MetadataValue
 
 from pipelines.bronze.offset_hints import make_consumer
 from pipelines.gold.estimators import get_estimator
 from pipelines.gold.retokenize import Retokenizer, chat_template_file, load, tokenizer_dir
 from pipelines.gold.token_check import TokenizeEndpoint
-from schemas.config import CreditSettings, HealthSettings, JudgeSettings, KafkaSettings, Settings, load_settings
+from schemas.config import (
+    CreditSettings,
+    HealthSettings,
+    JudgeSettings,
+    KafkaSettings,
+    Settings,
+    ViewerSettings,
+    load_settings,
+)
 from schemas.config.loading import ENV_PREFIX
 from schemas.errors import ConfigError, LakeError
 from schemas.lake import Lake
@@ -194,6 +203,7 @@ class TrainerResource(ConfigurableResource):
     publish: bool = True
     min_new_transitions: int | None = None
     tracking: dict[str, Any] = {}  # [tracking]: the experiment tracker of each round (trainer.trackers)
+    viewer: dict[str, Any] = {}  # [viewer]: where the metadata's links to the version's page point
 
     def settings(self) -> Settings:
         """The settings ``trainer.round.train_once`` and ``serving.publish.gated_publisher`` take."""
@@ -216,6 +226,7 @@ class TrainerResource(ConfigurableResource):
                 "gateway": {**self.gateway, "admin_token": _resolved(self.gateway_admin_token)},
                 "serving": self.serving,
                 "tracking": self._tracking(),
+                "viewer": viewer_settings(self.viewer, self.state_dir).model_dump(),
             }
         )
 
@@ -239,6 +250,28 @@ class HealthResource(ConfigurableResource):
 
     def settings(self) -> HealthSettings:
         return HealthSettings(**self.health)
+
+
+def viewer_settings(viewer: dict[str, Any], state_dir: str) -> ViewerSettings:
+    """``[viewer]`` as links need it: its ``public_url`` when set, else the running stack's viewer (its stack
+    file, read at each run: a viewer started or moved after the code location loaded is still found)."""
+    from schemas.config.stack_file import live_stack
+
+    values = dict(viewer)
+    if not values.get("public_url"):
+        values.update(live_stack(state_dir)[0].get("viewer", {}))
+    return ViewerSettings.model_validate(values)
+
+
+class ViewerResource(ConfigurableResource):
+    """Where the trajectory viewer's pages are, for links in check metadata (``MetadataValue.url``)."""
+
+    viewer: dict[str, Any] = {}  # [viewer] settings
+    state_dir: str = ".agentlake"
+
+    def link(self, path: str) -> MetadataValue:
+        """A metadata link to the viewer's ``path`` (``/versions/v0003``, ``/rollouts/r-1``)."""
+        return MetadataValue.url(viewer_settings(self.viewer, self.state_dir).link(path))
 
 
 def resources_from_settings(settings: Settings | None = None) -> dict[str, ConfigurableResource]:
@@ -289,8 +322,10 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
             gateway=s.gateway.model_dump(mode="json", exclude={"admin_token"}, exclude_none=True),
             serving=s.serving.model_dump(mode="json", exclude_none=True),
             tracking=s.tracking.model_dump(mode="json", exclude_none=True),
+            viewer=s.viewer.model_dump(mode="json"),
             state_dir=str(s.state.dir),
             gateway_admin_token=secret_env("gateway", "admin_token", admin) if admin else "",
         ),
         "health": HealthResource(health=s.health.model_dump(mode="json")),
+        "viewer": ViewerResource(viewer=s.viewer.model_dump(mode="json"), state_dir=str(s.state.dir)),
     }

@@ -128,7 +128,10 @@ def connect(lake: Lake) -> duckdb.DuckDBPyConnection:
         if lake.table(name) is not None:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM delta_scan({sql_string(lake.uri(name))})")
         else:
-            con.register(f"_{name}_empty", TABLES[name].empty_table())
+            # a table, not a registered Arrow object: those are invisible to the connection's cursors (the viewer's)
+            con.register("_empty_arrow", TABLES[name].empty_table())
+            con.execute(f"CREATE TABLE _{name}_empty AS SELECT * FROM _empty_arrow")
+            con.unregister("_empty_arrow")
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
     for name in _variant_tables(lake):
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM delta_scan({sql_string(lake.uri(name))})")

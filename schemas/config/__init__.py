@@ -3,7 +3,7 @@
 The public API is here: the section classes and ``load_settings``. Inside, one module per concern:
 
 - a module per group of sections (``lake``, ``kafka``, ``servers``, ``serving``, ``dagster``, ``training``,
-  ``judge``, ``redaction``, ``health``, ``tracking``), gathered by ``settings.Settings``;
+  ``judge``, ``redaction``, ``health``, ``tracking``, ``viewer``), gathered by ``settings.Settings``;
 - ``loading``: defaults, the running stack, the TOML file and the environment merged, errors named;
 - ``secrets``: which settings are secrets, hidden in every error;
 - ``stack_file``: the running local stack's file and its reader.
@@ -33,6 +33,7 @@ from schemas.config.serving import ModelSettings, ServingSettings, VllmSettings
 from schemas.config.settings import Settings
 from schemas.config.tracking import TrackingSettings
 from schemas.config.training import CreditSettings, TrainerSettings
+from schemas.config.viewer import ViewerSettings
 
 __all__ = [
     "ClipFracCheck",
@@ -58,6 +59,7 @@ __all__ = [
     "TlsServerSettings",
     "TrackingSettings",
     "TrainerSettings",
+    "ViewerSettings",
     "VllmSettings",
     "ZeroAdvantageCheck",
     "load_settings",

@@ -15,6 +15,7 @@ from schemas.config.servers import CollectorSettings, GatewaySettings
 from schemas.config.serving import ModelSettings, ServingSettings, VllmSettings
 from schemas.config.tracking import TrackingSettings
 from schemas.config.training import CreditSettings, TrainerSettings
+from schemas.config.viewer import ViewerSettings
 
 
 class Settings(Section):
@@ -33,3 +34,4 @@ class Settings(Section):
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    viewer: ViewerSettings = Field(default_factory=ViewerSettings)

@@ -26,6 +26,7 @@ STACK_KEYS: dict[str, tuple[str, ...]] = {
     "vllm": ("host", "port"),
     "dagster": ("home", "host", "port", "profile"),
     "tracking": ("uri",),  # the stack's MLflow server, when it runs one
+    "viewer": ("host", "port"),  # the stack's viewer, when it runs one
 }
 
 

@@ -1,12 +1,14 @@
-"""`agentlake up / status / down` on the real parts: SeaweedFS, Tansu, the collector and Dagster on PostgreSQL."""
+"""`agentlake up / status / down` on the real parts: SeaweedFS, Tansu, the collector, Dagster, the viewer."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -36,6 +38,8 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
         AGENTLAKE_COLLECTOR__HTTP_PORT=str(free_port()),
         AGENTLAKE_COLLECTOR__GRPC_PORT=str(free_port()),
         AGENTLAKE_DAGSTER__PORT=str(free_port()),
+        AGENTLAKE_VIEWER__PORT=str(viewer_port := free_port()),
+        AGENTLAKE_VLLM__PORT=str(free_port()),  # not another test's vLLM on 8000 (its policy row would fail status)
         COLUMNS="200",
         AGENTLAKE_TRACKING__SERVER="false",  # speed: the MLflow server has tests of its own
     )
@@ -47,14 +51,21 @@ def test_up_status_down_leaves_no_process(tmp_path: Path) -> None:
         # without `weed` the broker falls back to memory and no object store starts
         # Dagster's default (production) profile: PostgreSQL, the code server, the webserver, the daemon;
         # without PostgreSQL installed, `dagster dev` (the dev profile)
-        parts = ("broker", "collector", "postgres", "dagster-code", "dagster", "dagster-daemon")
+        parts = ("broker", "collector", "postgres", "dagster-code", "dagster", "dagster-daemon", "viewer")
         if postgres.bin_dir() is None:
-            parts = ("broker", "collector", "dagster")
+            parts = ("broker", "collector", "dagster", "viewer")
         if weed_binary():
             parts = ("objectstore", *parts)
         for part in parts:
             line = next(line for line in status.stdout.splitlines() if f" {part} " in line)
             assert "healthy" in line, status.stdout
+        # the viewer: its row, its address in stack.json, its pages over the stack's lake
+        viewer = f"http://127.0.0.1:{viewer_port}"
+        assert viewer in next(line for line in status.stdout.splitlines() if " viewer " in line)
+        stack = json.loads((tmp_path / "state/stack.json").read_text())
+        assert stack["processes"]["viewer"]["address"] == viewer
+        assert stack["settings"]["viewer"] == {"host": "127.0.0.1", "port": viewer_port}
+        assert httpx.get(f"{viewer}/rollouts", timeout=10).status_code == 200
         pids = [int(p.read_text().split('"pid": ')[1].split(",")[0]) for p in (tmp_path / "state/run").glob("*.json")]
         family = {p for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]}
         assert len(pids) == len(parts) and len(family) >= len(parts)

@@ -31,6 +31,8 @@ base = "{tiny_model_dir}"
 lora_rank = 4
 batch_size = 8
 min_new_transitions = 4
+[viewer]
+public_url = "https://viewer.example/"
 """
     )
     runner = CliRunner()
@@ -52,6 +54,7 @@ min_new_transitions = 4
     assert f"trained on: 4 transitions of {lake}/transitions read at table version 0" in trained_on
     assert "the first round on this table" in trained_on
     assert "latest evaluation: none" in trained_on
+    assert "viewer: https://viewer.example/versions/v0001" in trained_on  # the version's page
 
     # an evaluation of v0001 against the base model (as the demo or the eval gate store one): list and show carry it
     paired = compare({str(i): 0.0 for i in range(30)}, {str(i): float(i < 20) for i in range(30)})

@@ -6,7 +6,8 @@ A thin shell over ``trainer.lines.train_lines`` (one round per agent's policy li
 ``serving.publish.gated_publisher`` (the publisher the CLI's publish builds too), gated on ``trainer.eval_tasks``
 and restarting vLLM on full weights through ``vllm.restart_command``; the metadata (loss, KL, reward, tokens/s,
 publish latency, eval scores) is numeric so Dagster plots it across versions, prefixed ``<agent>/`` per line;
-``tracking_run`` links the round's run in the experiment tracker (``trainer.trackers``, MLflow by default).
+``tracking_run`` links the round's run in the experiment tracker (``trainer.trackers``, MLflow by default), ``viewer``
+the version's page in the trajectory viewer (``[viewer]``).
 """
 
 import time
@@ -79,6 +80,7 @@ def _round(
         "train_seconds": round(time.perf_counter() - t0, 2),
         "path": MetadataValue.path(result.path or ""),
     }
+    meta["viewer"] = MetadataValue.url(settings.viewer.link(f"/versions/{result.version}"))  # its page
     if result.tracking_url:  # the round's run in MLflow (or a TensorBoard/W&B folder): trainer.trackers
         meta["tracking_run"] = MetadataValue.url(result.tracking_url)
     meta.update({k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)})
