@@ -8,6 +8,7 @@ again draws the same picture. Pages embed it as a base64 ``data:`` image, so lab
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import io
 import threading
 from collections import OrderedDict
@@ -37,6 +38,9 @@ class Plot:
 
 _cache: OrderedDict[tuple[object, ...], Plot] = OrderedDict()
 _lock = threading.Lock()
+
+
+_BUCKET_WIDTH = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1), "week": dt.timedelta(weeks=1)}
 
 
 def reward_plot(frame: pl.DataFrame, *, title: str, series_label: str, bucket: str) -> Plot:
@@ -81,6 +85,10 @@ def _draw(frame: pl.DataFrame, *, title: str, series_label: str, bucket: str) ->
     ax.tick_params(labelsize=7)
     ax.grid(True, alpha=0.3)
     if shown:
+        # one bucket either side: a single bucket would otherwise get matplotlib's default span of years
+        pad = _BUCKET_WIDTH[bucket]
+        first, last = frame["bucket"].min(), frame["bucket"].max()
+        ax.set_xlim(mdates.date2num(first - pad), mdates.date2num(last + pad))  # type: ignore[operator]
         locator = mdates.AutoDateLocator()
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))

@@ -23,6 +23,12 @@ def policy_served_name(served_name: str, agent: str | None) -> str:
     return f"{served_name}-{agent}" if agent else served_name
 
 
+def registry_version(policy_version: str) -> str:
+    """The registry's version (``v0004``) of a call's policy version as the gateway records it: the served
+    name and the adapter's folder, ``agentlake-policy@v0004`` (a bare ``v0004`` stays as it is)."""
+    return policy_version.rpartition("@")[2]
+
+
 class ModelSettings(Section):
     base: str = "smollm2-135m"  # a name `agentlake model pull` knows, or a local HF folder
     cache_dir: Path = Path(".agentlake/models")

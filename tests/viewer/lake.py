@@ -99,7 +99,8 @@ def _record(i: int, spec: Spec) -> KafkaRecord:
             messages_in=_messages(i, k)[0],  # type: ignore[arg-type]
             messages_out=_messages(i, k)[1],  # type: ignore[arg-type]
             agent=spec.agent,
-            policy_version="v0001" if spec.rollout_id != "r3" else "v0002",
+            # as the gateway records it: the served name @ the adapter's folder (the registry's version)
+            policy_version="agentlake-policy@v0001" if spec.rollout_id != "r3" else "agentlake-policy@v0002",
         )
         for k in range(spec.calls)
     ]

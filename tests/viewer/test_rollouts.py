@@ -41,7 +41,8 @@ def test_the_list_shows_every_rollout_newest_first(client: TestClient) -> None:
         ({"task": "a"}, [("acme", "a0"), ("default", "r0"), ("default", "r1"), ("default", "r2")]),
         ({"tenant": "acme"}, [("acme", "a0"), ("acme", "a1"), ("acme", "r0")]),
         ({"reward_min": "0.5", "reward_max": "0.9"}, [("acme", "a1"), ("default", "r2")]),
-        ({"policy_version": "v0002"}, [("default", "r3")]),
+        ({"policy_version": "v0002"}, [("default", "r3")]),  # the registry's spelling
+        ({"policy_version": "agentlake-policy@v0002"}, [("default", "r3")]),  # the recorded one
         ({"status": "finished"}, ALL),
         ({"status": "failed"}, []),
         ({"since": when(2).isoformat(), "until": when(4).isoformat()}, [("default", "r2"), ("default", "r3")]),

@@ -69,6 +69,8 @@ def test_reward_over_time_per_version_and_agent_matches_the_trajectories(lake: L
     by_version = q.reward_over_time(vl, OPERATOR, by="version", bucket="day")
     expected = (
         traj.explode("policy_versions")
+        # recorded as agentlake-policy@v0001; plotted under the registry's v0001
+        .with_columns(pl.col("policy_versions").str.split("@").list.last())
         .group_by(pl.col("end_time").dt.truncate("1d").alias("bucket"), pl.col("policy_versions").alias("key"))
         .agg(pl.len().alias("n"), pl.col("final_reward").mean().alias("mean"))
         .sort("bucket", "key")

@@ -1,13 +1,11 @@
 """The viewer in a real browser (Debian's Chromium through Playwright, tests/browser.py), as a person uses it:
 from the rollouts list to one rollout, to the version that trained on it, and back; screenshots of each page.
 
-``UPDATE_README_SCREENSHOTS=1`` also saves the README's two pictures (docs/img/viewer-rollout.png from the
-rollout lake, docs/img/viewer-version.png from the versions lake); otherwise they go with the test's screenshots.
+The README's two pictures come from a real demo lake instead (scripts/readme_pictures.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -21,17 +19,12 @@ from tests.viewer.conftest import viewer_settings
 from viewer.app import create_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
 @pytest.fixture(scope="module")
 def trained_lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
     """Rollouts, the registry line v0001 <- v0002 <- v0003, what each trained on, an evaluation (versions_lake)."""
     return versions_lake.build(tmp_path_factory.mktemp("browser") / "lake")
-
-
-def _readme_picture(name: str) -> Path | None:
-    return DOCS_IMG / name if os.environ.get("UPDATE_README_SCREENSHOTS") == "1" else None
 
 
 def test_click_from_the_list_to_a_rollout_to_its_version_and_back(
@@ -71,7 +64,7 @@ def test_click_from_the_list_to_a_rollout_to_its_version_and_back(
     assert all(p.stat().st_size > 10_000 for p in screenshots.saved)  # pages rendered, not blank
 
 
-def test_front_page_pictures(
+def test_a_rollout_and_a_version_page_render_every_section(
     browser_page: Page, screenshots: Screenshots, viewer_lake: Lake, trained_lake: Lake, tmp_path: Path
 ) -> None:
     """A rollout (its calls, rewards with the judge's reason, tokens by loss mask and advantage, credit variants) and a
@@ -81,9 +74,9 @@ def test_front_page_pictures(
         page.goto(f"{base}/rollouts/r0?tenant=default")  # three calls merged, the judge, a late reward
         expect(page.locator("h1")).to_contain_text("r0")
         page.locator("#rewards").evaluate("e => e.scrollIntoView()")  # rewards, then the tokens by mask and advantage
-        shot = screenshots.save(page, "readme-rollout", full_page=False, path=_readme_picture("viewer-rollout.png"))
+        shot = screenshots.save(page, "readme-rollout", full_page=False, path=None)
     with serve_app(create_app(viewer_settings(tmp_path / "s2"), trained_lake)) as base:
         page.goto(f"{base}/versions/v0002")
         expect(page.locator("h1")).to_contain_text("v0002")
-        other = screenshots.save(page, "readme-version", full_page=False, path=_readme_picture("viewer-version.png"))
+        other = screenshots.save(page, "readme-version", full_page=False, path=None)
     assert shot.read_bytes()[:4] == other.read_bytes()[:4] == b"\x89PNG"

@@ -62,7 +62,13 @@ SPECS = [
 
 def _record(i: int, s: Spec) -> KafkaRecord:
     calls = [
-        Call(prompt=[1, i, k], response=[2, k + 3], logprobs=[-0.5, -0.25], policy_version=s.version)
+        # the gateway's spelling: served name @ the registry's version
+        Call(
+            prompt=[1, i, k],
+            response=[2, k + 3],
+            logprobs=[-0.5, -0.25],
+            policy_version=f"agentlake-policy@{s.version}",
+        )
         for k in range(s.calls)
     ]
     at = DAY0 + dt.timedelta(days=s.day, minutes=i)

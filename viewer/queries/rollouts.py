@@ -19,6 +19,7 @@ import polars as pl
 
 from viewer.auth import Scope
 from viewer.lake import ViewerLake
+from viewer.queries import REGISTRY_VERSIONS_SQL
 from viewer.queries import filters as f
 from viewer.queries.filters import FilterError
 
@@ -129,7 +130,12 @@ def where(scope: Scope, flt: RolloutFilters) -> tuple[str, list[Any]]:
     if flt.reward_max is not None:
         add("final_reward <= ?", flt.reward_max)
     if flt.policy_version is not None:
-        add("list_contains(policy_versions, ?)", flt.policy_version)
+        # either spelling: the registry's (v0004) or the recorded one (agentlake-policy@v0004)
+        add(
+            f"(list_contains({REGISTRY_VERSIONS_SQL}, ?) OR list_contains(policy_versions, ?))",
+            flt.policy_version,
+            flt.policy_version,
+        )
     if flt.since is not None:
         # the day partition first, so DuckDB skips older days' files
         add("day >= ?::DATE AND start_time >= ?", flt.since.date(), flt.since)

@@ -20,6 +20,7 @@ import polars as pl
 from schemas.topics import DEFAULT_TENANT
 from viewer.auth import Scope
 from viewer.lake import ViewerLake
+from viewer.queries import REGISTRY_VERSIONS_SQL
 from viewer.queries.params import invalid, page_number
 
 PER_PAGE = 50
@@ -259,7 +260,7 @@ def _reward_over_time(
     agent: str | None,
 ) -> pl.DataFrame:
     cond, params = _tenant_condition(scope)
-    column = "policy_versions" if by == "version" else "agents"
+    column = REGISTRY_VERSIONS_SQL if by == "version" else "agents"
     # (`versions` filters series after the unnest: a list intersection per row is three times slower.)
     # Buckets by integer arithmetic on epoch microseconds: date_trunc on a timestamp with a time zone goes
     # through ICU calendars, five times slower on a large table.
@@ -270,7 +271,7 @@ def _reward_over_time(
                    unnest({column}) AS key, final_reward AS reward
             FROM trajectories
             WHERE final_reward IS NOT NULL AND end_time IS NOT NULL AND {cond}
-              AND ($sampled_by IS NULL OR list_contains(policy_versions, $sampled_by))
+              AND ($sampled_by IS NULL OR list_contains({REGISTRY_VERSIONS_SQL}, $sampled_by))
               AND ($agent IS NULL OR list_contains(agents, $agent))
         )
         SELECT make_timestamp(bucket_us) AS bucket, key, count(*) AS n, avg(reward) AS mean,
