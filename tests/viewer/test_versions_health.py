@@ -185,6 +185,7 @@ def test_a_tenant_sees_only_its_rollouts_and_rewards_on_these_pages(client: Test
     (svg,) = svg_text(health.text)
     assert "spy" in svg and "solver" not in svg and "critic" not in svg  # only team-b's agent's line
     assert "end offset" not in health.text and "Newest quarantined" not in health.text
+    assert "No check results" not in health.text and "operator's token shows them" in health.text
     plots = svg_text(get(client, "/versions", token="tok-b").text)
     assert all("solver" not in s for s in plots)
     assert get(client, "/versions").status_code == 200

@@ -1,5 +1,5 @@
 """/health: reward per agent over time, ingest lag (the broker's end offsets against the lake's
-watermarks), what was left out, and where the asset checks' results are (Dagster's instance, not the lake).
+watermarks), what was left out, and the asset checks' latest results (from Dagster's webserver, not the lake).
 
 Handlers are plain functions: Starlette runs them on its thread pool, so a slow lake query does not hold up
 other requests (DuckDB releases the GIL while it scans)."""
@@ -15,18 +15,30 @@ from starlette.routing import BaseRoute, Route
 from schemas.config import Settings
 from viewer.auth import request_scope
 from viewer.plots import reward_plot
+from viewer.queries import asset_checks as ac
 from viewer.queries import health as h
 from viewer.queries import ingest_lag as il
 from viewer.queries import versions as q
 from viewer.templating import render
 
 
-def dagster_url(settings: Settings) -> str:
-    """The Dagster UI's assets page, where each asset's checks and their latest results are."""
+def dagster_base(settings: Settings) -> str:
+    """The stack's Dagster webserver (its UI and its GraphQL API), as this host reaches it."""
     host = settings.dagster.host
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{settings.dagster.port}/assets"
+    return f"http://{host}:{settings.dagster.port}"
+
+
+def dagster_url(settings: Settings) -> str:
+    """The Dagster UI's assets page, where each asset's checks and their latest results are."""
+    return f"{dagster_base(settings)}/assets"
+
+
+def asset_checks(request: Request) -> ac.Checks:
+    """The checks' latest results, kept 30 s (a page refreshed in a loop asks Dagster twice a minute)."""
+    base = dagster_base(request.app.state.settings)
+    return request.app.state.lake.cached(("asset checks", base), lambda: ac.fetch_checks(base), ttl_s=30.0)
 
 
 def ingest_lag(request: Request) -> tuple[list[il.PartitionLag], str | None]:
@@ -60,6 +72,7 @@ def health_page(request: Request) -> Response:
             "counts": lake.cached(("left out", scope), lambda: h.left_out(lake, scope, settings.credit, now)),
             "quarantine": h.recent_quarantine(lake, scope),
             "dagster_url": dagster_url(settings),
+            "checks": asset_checks(request) if scope.operator else None,
             "now": now,
         },
     )
