@@ -12,8 +12,9 @@ from schemas.config import KafkaSettings
 from schemas.kafka import kafka_python_config
 
 
-def make_consumer(kafka: KafkaSettings) -> Any:
-    """A kafka-python consumer with no group, for offset look-ups (the sensor's end-offset hints)."""
+def make_consumer(kafka: KafkaSettings, **overrides: Any) -> Any:
+    """A kafka-python consumer with no group, for offset look-ups (the sensor's end-offset hints);
+    ``overrides`` tune it (the viewer's short timeouts)."""
     from kafka import KafkaConsumer
 
     return KafkaConsumer(
@@ -22,6 +23,7 @@ def make_consumer(kafka: KafkaSettings) -> Any:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         consumer_timeout_ms=1000,
+        **overrides,
     )
 
 
