@@ -84,6 +84,16 @@ def _filter_keys(
     return keys
 
 
+def _files_since(dataset: pds.FileSystemDataset, settled: Any) -> pds.FileSystemDataset:
+    """``dataset`` without the data files it shares with the Delta snapshot ``settled``: a file's rows
+    never change, so those files hold only rows ``settled`` held. Paths are compared from the logs."""
+    if settled is None:
+        return dataset
+    old = {u.rsplit("/", 1)[-1] for u in settled.file_uris()}
+    fragments = [f for f in dataset.get_fragments() if f.path.rsplit("/", 1)[-1] not in old]
+    return pds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+
+
 def _one_per_id(rows: pa.Table) -> pa.Table:
     """The first row of each ``transition_id`` (a duplicated write must not train twice)."""
     if pc.count_distinct(rows["transition_id"]).as_py() == rows.num_rows:
@@ -104,6 +114,7 @@ def read_transitions(
     exclude_ids: pa.Array | pa.ChunkedArray | None = None,
     ids_only: bool = False,
     tenants: Sequence[str] | None = None,
+    settled_version: int | None = None,
 ) -> TransitionData:
     """The transitions at version ``version_end`` (default: the newest) that a round would train on.
 
@@ -111,7 +122,9 @@ def read_transitions(
     matches the ``agent`` glob, their policy version is in ``policy_versions``, their id is not in
     ``exclude_ids`` and, with ``version_start``, their id is absent from the snapshot at
     ``version_start``. ``ids_only`` returns just ``transition_id`` (the sensor's count, without
-    reading token columns).
+    reading token columns). ``settled_version``: a version whose every row matching these filters is
+    known to be excluded (a round with the same filters trained on it); the data files it shares with
+    ``version_end`` are not read, so the read costs what was written since, not the whole table.
     """
     uri = lake.uri(table)
     end = lake.table(table, version=version_end)
@@ -119,6 +132,8 @@ def read_transitions(
         raise TrainerError(f"no {table} table at {uri}; run the pipeline first (or check lake.root)")
     start_version = -1 if version_start is None else version_start
     dataset = end.to_pyarrow_dataset()
+    if settled_version is not None and 0 <= settled_version < end.version():
+        dataset = _files_since(dataset, lake.table(table, version=settled_version))
     keys = _filter_keys(
         dataset.to_table(columns=list(KEY_COLUMNS)),
         agent=agent,

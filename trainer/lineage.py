@@ -52,6 +52,10 @@ class Lineage:
         ids = self._read(["transition_id"], pds.field("train_table") == normalize_uri(train_table))
         return pc.unique(ids["transition_id"]) if ids.num_rows else pa.array([], pa.string())
 
+    def has_rows(self, model_version: str) -> bool:
+        """Whether ``model_version``'s lineage rows were written (file statistics prune the other rounds' files)."""
+        return self._read(["model_version"], pds.field("model_version") == model_version).num_rows > 0
+
     def record(self, *, model_version: str, train_table: str, table_version: int, rows: pa.Table) -> int:
         """Append one row per transition in ``rows`` (columns transition_id, rollout_id); the count."""
         n = rows.num_rows
