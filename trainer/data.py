@@ -17,6 +17,7 @@ are trained; prompt tokens, observation tokens and padding are masked out.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import random
@@ -92,6 +93,22 @@ def _files_since(dataset: pds.FileSystemDataset, settled: Any) -> pds.FileSystem
     old = {u.rsplit("/", 1)[-1] for u in settled.file_uris()}
     fragments = [f for f in dataset.get_fragments() if f.path.rsplit("/", 1)[-1] not in old]
     return pds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+
+
+def first_day_since(lake: Lake, table: str, settled: int, end: int) -> dt.date | None:
+    """The oldest ``day`` partition among the data files of ``table`` at ``end`` that ``settled`` lacks,
+    from the Delta log's add actions (no data read); None when there are none."""
+    old = lake.table(table, version=settled)
+    now = lake.table(table, version=end)
+    if old is None or now is None:
+        return None
+    adds = pa.table(now.get_add_actions(flatten=True))
+    if "partition.day" not in adds.column_names:
+        return None
+    seen = {u.rsplit("/", 1)[-1] for u in old.file_uris()}
+    fresh = adds.filter(pa.array([p.rsplit("/", 1)[-1] not in seen for p in adds["path"].to_pylist()]))
+    day = pc.min(fresh["partition.day"]).as_py() if fresh.num_rows else None
+    return day if isinstance(day, dt.date) else None
 
 
 def _one_per_id(rows: pa.Table) -> pa.Table:

@@ -29,6 +29,7 @@ belongs to one agent, so lines never take each other's rows.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -44,7 +45,7 @@ from schemas.config.serving import policy_served_name
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
-from trainer.data import TransitionData, read_transitions
+from trainer.data import TransitionData, first_day_since, read_transitions
 from trainer.errors import RegistryError, TrainerError
 from trainer.lineage import Lineage, recorded_credit
 from trainer.offpolicy import split_stale, with_skipped
@@ -53,6 +54,7 @@ from trainer.registry import Registry
 from trainer.tracking import NoTracker, Tracker, tracker_url
 
 log = logging.getLogger(__name__)
+CLOCK_MARGIN = dt.timedelta(days=1)  # how far an agent's clock may run ahead of the trainer's (`_consumed_since`)
 
 
 @dataclass
@@ -107,8 +109,8 @@ def read_pending(
     explicit = cfg.version_start is not None
     lineage = lineage or Lineage(cfg.lake())
     uri = lineage.lake.uri(cfg.table)
-    exclude = None if explicit else lineage.consumed_ids(uri)
     settled = None if explicit else _settled(cfg, Registry(lineage.lake), lineage, line)
+    exclude = None if explicit else lineage.consumed_ids(uri, since=_consumed_since(lineage, cfg, settled, end))
     return read_transitions(
         lineage.lake,
         table=cfg.table,
@@ -133,6 +135,18 @@ def _settled(cfg: TrainConfig, registry: Registry, lineage: Lineage, line: str |
     if not lineage.has_rows(last["version"]):
         return None
     return int(last["train_version_end"])
+
+
+def _consumed_since(lineage: Lineage, cfg: TrainConfig, settled: int | None, end: int) -> dt.datetime | None:
+    """Lineage rows consumed before this cannot match the rows read: those are in files written since
+    ``settled``, whose oldest ``day`` partition bounds them, and a transition is consumed after it happened.
+    A day of margin for clocks (the agent's ``start_time`` against the trainer's ``consumed_at``)."""
+    if settled is None:
+        return None
+    day = first_day_since(lineage.lake, cfg.table, settled, end)
+    if day is None:
+        return None
+    return dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC) - CLOCK_MARGIN
 
 
 def _same_filters(cfg: TrainConfig, last: dict[str, Any]) -> bool:

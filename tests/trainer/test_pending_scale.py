@@ -15,7 +15,8 @@ from deltalake import DeltaTable
 
 from schemas.lake import Lake
 from tests.trainer.helpers import write_transitions
-from tests.trainer.test_consumption import _cfg, _rows, tokens  # noqa: F401 - the module fixture
+from tests.trainer.test_consumption import _cfg, _rows
+from tests.trainer.test_consumption import tokens as tokens  # noqa: F401 - the module fixture
 from trainer.round import count_pending, train_once
 
 
