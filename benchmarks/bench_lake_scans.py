@@ -41,6 +41,7 @@ from trainer.registry import Registry  # noqa: E402
 from trainer.round import count_pending  # noqa: E402
 
 T = TypeVar("T")
+README_QUERY = "SELECT agent_name, avg(reward) FROM transitions GROUP BY 1"
 REWARD_BY_DAY = "SELECT agent_name, day, avg(reward) FROM transitions GROUP BY 1, 2 ORDER BY 2, 1"
 
 
@@ -105,10 +106,11 @@ def one(n: int, root: str) -> None:
     t_sensor, _ = _timed(lambda: pending(lake, "spans", "bench.spans.old", hints))
     credit = CreditSettings(reward_horizon_s=3600)
     t_horizon, _ = _timed(lambda: horizon_due(lake, credit))
+    t_r, _ = _timed(lambda: run_query(lake, README_QUERY))
     t_q, _ = _timed(lambda: run_query(lake, REWARD_BY_DAY))
     print(
         f"{n:>10,}{keys.height:>12,}{t_new:>10.2f}{t_old + t_lin:>10.2f}{t_lin:>10.2f}{t_sensor:>10.3f}"
-        f"{t_horizon:>10.2f}{t_q:>10.2f}{_files(lake, 'transitions'):>9}{_files(lake, 'spans'):>9}",
+        f"{t_horizon:>10.2f}{t_r:>10.2f}{t_q:>10.2f}{_files(lake, 'transitions'):>9}{_files(lake, 'spans'):>9}",
         flush=True,
     )
     shutil.rmtree(lake.root, ignore_errors=True)
@@ -122,7 +124,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.one is not None:
         return one(args.one, args.work)
-    heads = ("rollouts", "lineage", "pend s", "pend old", "lineage s", "sensor s", "horizon s", "by day s")
+    heads = ("rollouts", "lineage", "pend s", "pend old", "lineage s", "sensor s", "horizon s", "README s", "by day s")
     print(
         "".join(f"{h:>10}" if i != 1 else f"{h:>12}" for i, h in enumerate(heads)) + f"{'tr files':>9}{'sp files':>9}"
     )
