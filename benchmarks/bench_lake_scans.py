@@ -7,7 +7,9 @@ rollouts' transitions, new ids) in a new commit. Timed: the trainer's pending co
 files skipped and with every file read (as before), the Kafka sensor's pending check (positions from
 the Delta log) and its reward-horizon check, the README's reward-per-agent query, and data file counts.
 
-    .venv/bin/python benchmarks/bench_lake_scans.py 100000 300000 --work /tmp/h6-lakes
+    .venv/bin/python benchmarks/bench_lake_scans.py 100000 300000 1000000 --work /tmp/h6-lakes
+
+Missing lakes (and the template) are built first, as bench_increment builds them.
 """
 
 from __future__ import annotations
@@ -114,6 +116,26 @@ def one(n: int, root: str) -> None:
         flush=True,
     )
     shutil.rmtree(lake.root, ignore_errors=True)
+
+
+def _build(root: str, sizes: list[int]) -> None:
+    """The template (the real steps on bench_increment's 10,000 rollouts) and each missing lake."""
+    from benchmarks.bench_increment import KAFKA, PARTITIONS, increment_spans
+    from benchmarks.lake_builder import build_lake
+    from pipelines.bronze.positions import app_id
+    from pipelines.gold.transitions_step import update_transitions
+    from pipelines.silver.trajectories_step import update_trajectories
+
+    os.makedirs(root, exist_ok=True)
+    template = Lake(os.path.join(root, "template"))
+    if not os.path.exists(template.root):
+        spans = increment_spans(os.path.join(root, "inc10000.parquet"), 10_000).to_arrow()
+        template.write("spans", spans, txns={app_id("new", p): 9_999 // PARTITIONS for p in range(PARTITIONS)})
+        update_trajectories(template, KAFKA, idle_timeout_s=300)
+        update_transitions(template, CreditSettings())
+    for n in sizes:
+        if not os.path.exists(os.path.join(root, f"base{n}")):
+            build_lake(template, Lake(os.path.join(root, f"base{n}")), n)
 
 
 def main() -> None:
