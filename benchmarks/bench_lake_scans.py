@@ -115,6 +115,17 @@ def one(n: int, root: str) -> None:
         f"{t_horizon:>10.2f}{t_r:>10.2f}{t_q:>10.2f}{_files(lake, 'transitions'):>9}{_files(lake, 'spans'):>9}",
         flush=True,
     )
+    # compaction after small commits: the increment again as 20 commits of 1,500 rows (new ids), twice:
+    # the first compaction also merges the built lake's per-copy files, the second is the nightly steady state
+    for night in ("first", "next"):
+        tag = pl.lit(f"{night}-")
+        small = inc.with_columns(*((tag + pl.col(c)).alias(c) for c in ("transition_id", "rollout_id")))
+        for k in range(20):
+            lake.write("transitions", small.slice(k * 1_500, 1_500).to_arrow())
+        before = _files(lake, "transitions")
+        t_c, m = _timed(lambda: lake.compact("transitions"))
+        after, rewritten = _files(lake, "transitions"), (m or {}).get("numFilesRemoved")
+        print(f"{'':>10}{night} compaction: {before} -> {after} files ({rewritten} rewritten) in {t_c:.2f} s")
     shutil.rmtree(lake.root, ignore_errors=True)
 
 
