@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from schemas.lake import Lake
 from tests.trainer.helpers import write_transitions
@@ -57,3 +60,54 @@ def test_a_round_without_lineage_rows_is_not_settled(
     # the lineage write failed after the registry row (trainer.round): its rows count as not trained on
     Lake(str(lake)).table("training_lineage").delete(f"model_version = '{first.version}'")  # type: ignore[union-attr]
     assert count_pending(cfg)[0] == 7
+
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["append", "rewrite", "compact", "delete"]), st.integers(0, 3), st.integers(1, 4)),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=_OPS, after=_OPS)
+def test_skipping_settled_files_reads_what_reading_every_file_reads(
+    tmp_path_factory: pytest.TempPathFactory, before: list[tuple[str, int, int]], after: list[tuple[str, int, int]]
+) -> None:
+    """Whatever appends, group rewrites, compactions and deletes come after the settled version, the
+    pending ids read from the files written since equal those read from every file."""
+    from schemas.lake import in_list
+    from schemas.tables import TRANSITIONS
+    from tests.trainer.helpers import transition
+    from trainer.data import read_transitions
+
+    root = tmp_path_factory.mktemp("lake")
+    lake = Lake(str(root))
+    next_id = [0]
+
+    def rows(group: int, n: int, *, reuse: bool = False) -> list[dict[str, object]]:
+        first = group * 3 if reuse else next_id[0] + 100  # a rewrite keeps ids it may already have stored
+        next_id[0] += 0 if reuse else n
+        return [transition(first + i, [1, 2, 3], [4, 5], advantage=1.0, group=f"g{group}") for i in range(n)]
+
+    def apply(op: str, group: int, n: int) -> None:
+        if op == "append" or lake.table("transitions") is None:
+            write_transitions(root, rows(group, n))
+        elif op == "rewrite":  # what the transitions step does to a recomputed group
+            table = pa.Table.from_pylist(rows(group, n, reuse=True), schema=TRANSITIONS)
+            lake.write("transitions", table, mode="overwrite", predicate=in_list("group_id", [f"g{group}"]))
+        elif op == "compact":
+            lake.compact("transitions")
+        else:
+            lake.table("transitions").delete(f"group_id = 'g{group}'")  # type: ignore[union-attr]
+
+    for op in before:
+        apply(op[0], op[1], op[2])
+    settled = lake.version("transitions")
+    assert settled is not None
+    consumed = read_transitions(lake, ids_only=True).rows["transition_id"]
+    for op in after:
+        apply(op[0], op[1], op[2])
+    every = read_transitions(lake, exclude_ids=consumed, ids_only=True).rows
+    since = read_transitions(lake, exclude_ids=consumed, ids_only=True, settled_version=settled).rows
+    assert since.equals(every)
