@@ -17,6 +17,7 @@ are trained; prompt tokens, observation tokens and padding are masked out.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import random
@@ -84,6 +85,32 @@ def _filter_keys(
     return keys
 
 
+def _files_since(dataset: pds.FileSystemDataset, settled: Any) -> pds.FileSystemDataset:
+    """``dataset`` without the data files it shares with the Delta snapshot ``settled``: a file's rows
+    never change, so those files hold only rows ``settled`` held. Paths are compared from the logs."""
+    if settled is None:
+        return dataset
+    old = {u.rsplit("/", 1)[-1] for u in settled.file_uris()}
+    fragments = [f for f in dataset.get_fragments() if f.path.rsplit("/", 1)[-1] not in old]
+    return pds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+
+
+def first_day_since(lake: Lake, table: str, settled: int, end: int) -> dt.date | None:
+    """The oldest ``day`` partition among the data files of ``table`` at ``end`` that ``settled`` lacks,
+    from the Delta log's add actions (no data read); None when there are none."""
+    old = lake.table(table, version=settled)
+    now = lake.table(table, version=end)
+    if old is None or now is None:
+        return None
+    adds = pa.table(now.get_add_actions(flatten=True))
+    if "partition.day" not in adds.column_names:
+        return None
+    seen = {u.rsplit("/", 1)[-1] for u in old.file_uris()}
+    fresh = adds.filter(pa.array([p.rsplit("/", 1)[-1] not in seen for p in adds["path"].to_pylist()]))
+    day = pc.min(fresh["partition.day"]).as_py() if fresh.num_rows else None
+    return day if isinstance(day, dt.date) else None
+
+
 def _one_per_id(rows: pa.Table) -> pa.Table:
     """The first row of each ``transition_id`` (a duplicated write must not train twice)."""
     if pc.count_distinct(rows["transition_id"]).as_py() == rows.num_rows:
@@ -104,6 +131,7 @@ def read_transitions(
     exclude_ids: pa.Array | pa.ChunkedArray | None = None,
     ids_only: bool = False,
     tenants: Sequence[str] | None = None,
+    settled_version: int | None = None,
 ) -> TransitionData:
     """The transitions at version ``version_end`` (default: the newest) that a round would train on.
 
@@ -111,7 +139,9 @@ def read_transitions(
     matches the ``agent`` glob, their policy version is in ``policy_versions``, their id is not in
     ``exclude_ids`` and, with ``version_start``, their id is absent from the snapshot at
     ``version_start``. ``ids_only`` returns just ``transition_id`` (the sensor's count, without
-    reading token columns).
+    reading token columns). ``settled_version``: a version whose every row matching these filters is
+    known to be excluded (a round with the same filters trained on it); the data files it shares with
+    ``version_end`` are not read, so the read costs what was written since, not the whole table.
     """
     uri = lake.uri(table)
     end = lake.table(table, version=version_end)
@@ -119,6 +149,8 @@ def read_transitions(
         raise TrainerError(f"no {table} table at {uri}; run the pipeline first (or check lake.root)")
     start_version = -1 if version_start is None else version_start
     dataset = end.to_pyarrow_dataset()
+    if settled_version is not None and 0 <= settled_version < end.version():
+        dataset = _files_since(dataset, lake.table(table, version=settled_version))
     keys = _filter_keys(
         dataset.to_table(columns=list(KEY_COLUMNS)),
         agent=agent,

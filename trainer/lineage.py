@@ -47,10 +47,18 @@ class Lineage:
             return TRAINING_LINEAGE.empty_table().select(columns)
         return table.to_pyarrow_dataset().to_table(columns=columns, filter=where)
 
-    def consumed_ids(self, train_table: str) -> pa.Array:
-        """Every transition id of ``train_table`` that some model version already trained on."""
-        ids = self._read(["transition_id"], pds.field("train_table") == normalize_uri(train_table))
+    def consumed_ids(self, train_table: str, *, since: dt.datetime | None = None) -> pa.Array:
+        """Every transition id of ``train_table`` that some model version already trained on; ``since``:
+        only those consumed at or after it (file statistics on ``consumed_at`` skip older rounds' files)."""
+        where = pds.field("train_table") == normalize_uri(train_table)
+        if since is not None:
+            where = where & (pds.field("consumed_at") >= pa.scalar(since, TRAINING_LINEAGE.field("consumed_at").type))
+        ids = self._read(["transition_id"], where)
         return pc.unique(ids["transition_id"]) if ids.num_rows else pa.array([], pa.string())
+
+    def has_rows(self, model_version: str) -> bool:
+        """Whether ``model_version``'s lineage rows were written (file statistics prune the other rounds' files)."""
+        return self._read(["model_version"], pds.field("model_version") == model_version).num_rows > 0
 
     def record(self, *, model_version: str, train_table: str, table_version: int, rows: pa.Table) -> int:
         """Append one row per transition in ``rows`` (columns transition_id, rollout_id); the count."""

@@ -29,6 +29,7 @@ belongs to one agent, so lines never take each other's rows.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -44,7 +45,7 @@ from schemas.config.serving import policy_served_name
 from trainer.artifacts import MANIFEST_FILE, local_copy, store_version
 from trainer.checkpoints import load_optimizer_state, save_checkpoint
 from trainer.config import TrainConfig, config_from_settings
-from trainer.data import TransitionData, read_transitions
+from trainer.data import TransitionData, first_day_since, read_transitions
 from trainer.errors import RegistryError, TrainerError
 from trainer.lineage import Lineage, recorded_credit
 from trainer.offpolicy import split_stale, with_skipped
@@ -53,6 +54,7 @@ from trainer.registry import Registry
 from trainer.tracking import NoTracker, Tracker, tracker_url
 
 log = logging.getLogger(__name__)
+CLOCK_MARGIN = dt.timedelta(days=1)  # how far an agent's clock may run ahead of the trainer's (`_consumed_since`)
 
 
 @dataclass
@@ -87,16 +89,28 @@ def pending_transitions(cfg: TrainConfig, registry: Registry, *, line: str | Non
 
 
 def read_pending(
-    cfg: TrainConfig, start: int, end: int, *, lineage: Lineage | None = None, ids_only: bool = False
+    cfg: TrainConfig,
+    start: int,
+    end: int,
+    *,
+    lineage: Lineage | None = None,
+    ids_only: bool = False,
+    line: str | None = None,
 ) -> TransitionData:
     """The rows a round trains on at version ``end``: one reader, so the sensor counts what a round trains on.
 
     Without an explicit ``cfg.version_start`` that is every row matching the filters whose id is not
-    in ``training_lineage``; with one, the ids absent from the snapshot at ``start``.
+    in ``training_lineage``; with one, the ids absent from the snapshot at ``start``. When the line's
+    last round read version V with the same filters and its lineage is written (`_settled`), the data
+    files V shares with ``end`` are skipped: each of their rows was trained on (or recorded as consumed)
+    then, so only the files written since V are read and anti-joined (issue 28: the pending read at
+    lake scale costs the increment, not the lake).
     """
     explicit = cfg.version_start is not None
     lineage = lineage or Lineage(cfg.lake())
-    exclude = None if explicit else lineage.consumed_ids(lineage.lake.uri(cfg.table))
+    uri = lineage.lake.uri(cfg.table)
+    settled = None if explicit else _settled(cfg, Registry(lineage.lake), lineage, line)
+    exclude = None if explicit else lineage.consumed_ids(uri, since=_consumed_since(lineage, cfg, settled, end))
     return read_transitions(
         lineage.lake,
         table=cfg.table,
@@ -107,7 +121,39 @@ def read_pending(
         tenants=cfg.tenants,
         exclude_ids=exclude,
         ids_only=ids_only,
+        settled_version=settled,
     )
+
+
+def _settled(cfg: TrainConfig, registry: Registry, lineage: Lineage, line: str | None) -> int | None:
+    """The table version whose matching rows are all in ``training_lineage`` already: the one the line's
+    last round read, when it used these filters and its lineage rows exist (a round whose lineage write
+    failed leaves its rows pending, see `_train_round`); else None (read every file)."""
+    last = registry.last_trained(registry.lake.uri(cfg.table), agent=line)
+    if last is None or last["train_version_end"] is None or not _same_filters(cfg, last):
+        return None
+    if not lineage.has_rows(last["version"]):
+        return None
+    return int(last["train_version_end"])
+
+
+def _consumed_since(lineage: Lineage, cfg: TrainConfig, settled: int | None, end: int) -> dt.datetime | None:
+    """Lineage rows consumed before this cannot match the rows read: those are in files written since
+    ``settled``, whose oldest ``day`` partition bounds them, and a transition is consumed after it happened.
+    A day of margin for clocks (the agent's ``start_time`` against the trainer's ``consumed_at``)."""
+    if settled is None:
+        return None
+    day = first_day_since(lineage.lake, cfg.table, settled, end)
+    if day is None:
+        return None
+    return dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC) - CLOCK_MARGIN
+
+
+def _same_filters(cfg: TrainConfig, last: dict[str, Any]) -> bool:
+    """Whether the round ``last`` (a registry row) read with ``cfg``'s filters and no explicit start."""
+    before = json.loads(last["config"] or "{}")
+    filters: dict[str, Any] = {"agent": None, "policy_versions": None, "tenants": []}  # absent: the default
+    return before.get("version_start") is None and all(before.get(k, d) == getattr(cfg, k) for k, d in filters.items())
 
 
 def _caught_up(cfg: TrainConfig, registry: Registry, end: int, line: str | None = None) -> bool:
@@ -116,9 +162,7 @@ def _caught_up(cfg: TrainConfig, registry: Registry, end: int, line: str | None 
     last = registry.last_trained(registry.lake.uri(cfg.table), agent=line)
     if cfg.version_start is not None or last is None or last["train_version_end"] != end:
         return False
-    before = json.loads(last["config"] or "{}")
-    filters: dict[str, Any] = {"agent": None, "policy_versions": None, "tenants": []}  # absent: the default
-    return before.get("version_start") is None and all(before.get(k, d) == getattr(cfg, k) for k, d in filters.items())
+    return _same_filters(cfg, last)
 
 
 def for_line(cfg: TrainConfig, line: str | None) -> TrainConfig:
@@ -138,7 +182,7 @@ def count_pending(cfg: TrainConfig, *, line: str | None = None) -> tuple[int, in
     start, end = pending_transitions(cfg, registry, line=line)
     if end is None or (cfg.version_start is not None and end <= start) or _caught_up(cfg, registry, end, line):
         return 0, end
-    return read_pending(cfg, start, end, lineage=Lineage(lake), ids_only=True).rows.num_rows, end
+    return read_pending(cfg, start, end, lineage=Lineage(lake), ids_only=True, line=line).rows.num_rows, end
 
 
 def _discard_unregistered(registry: Registry, version: str, path: Path) -> None:
@@ -284,7 +328,7 @@ def _plan_round(cfg: TrainConfig, *, force: bool, line: str | None) -> _Plan | R
     if cfg.version_start is not None and end <= start:
         return RoundResult(None, reason=f"no new {cfg.table} versions since {start}", version_start=start)
 
-    data = read_pending(cfg, start, end, lineage=lineage)
+    data = read_pending(cfg, start, end, lineage=lineage, line=line)
     end = data.version_end  # pinned: every row, and the lineage, is of this version
     n = data.rows.num_rows
     if n == 0:
