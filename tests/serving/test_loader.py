@@ -182,7 +182,8 @@ def test_the_cli_shows_what_each_replica_serves_and_a_loader_needs_a_name(tmp_pa
 
     lake = tmp_path / "lake"
     config = tmp_path / "agentlake.toml"
-    config.write_text(f'[lake]\nroot = "{lake}"\n[state]\ndir = "{tmp_path / "state"}"\n')
+    # a vLLM port nothing listens on: not the machine's own vLLM on 8000, which `model served` would list
+    config.write_text(f'[lake]\nroot = "{lake}"\n[state]\ndir = "{tmp_path / "state"}"\n[vllm]\nport = {free_port()}\n')
     runner = CliRunner()
     empty = runner.invoke(app, ["model", "served", "--config", str(config)])
     assert empty.exit_code == 0 and "no replica has acked" in empty.output
