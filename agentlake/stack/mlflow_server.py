@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agentlake.stack import objectstore, postgres
 from agentlake.stack.dagster import SQLALCHEMY_SCHEME
-from agentlake.stack.ports import free_port, port_free
+from agentlake.stack.ports import preferred_or_free
 from schemas.config import Settings
 
 PART = "mlflow"
@@ -72,13 +72,7 @@ def choose_port(settings: Settings) -> tuple[int, str]:
     """(port, warning): ``tracking.port`` while free, else a free one with a warning (0: a free one, quietly).
 
     Why not fail: the address is recorded in the stack file, where the trainer finds it either way."""
-    port = settings.tracking.port
-    if port == 0:
-        return free_port(), ""
-    if not port_free(port, settings.tracking.host):
-        other = free_port()
-        return other, f"MLflow's port {port} is taken (tracking.port): its server listens on {other} instead"
-    return port, ""
+    return preferred_or_free(settings.tracking.port, settings.tracking.host, "MLflow (tracking.port)")
 
 
 def plan(

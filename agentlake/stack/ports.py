@@ -26,6 +26,17 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
+def preferred_or_free(port: int, host: str, what: str) -> tuple[int, str]:
+    """(port, warning): ``port`` while it is free, else a free one and a warning naming ``what`` (the setting);
+    0: a free one, quietly. For parts whose address the stack file records, so moving is better than failing."""
+    if port == 0:
+        return free_port(), ""
+    if not port_free(port, host):
+        other = free_port()
+        return other, f"{what}'s port {port} is taken: it listens on {other} instead"
+    return port, ""
+
+
 def wait_for_port(host: str, port: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

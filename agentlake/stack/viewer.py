@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import sys
 
-from agentlake.stack.ports import free_port, port_free
+from agentlake.stack.ports import preferred_or_free
 from schemas.config import Settings
 
 PART = "viewer"
@@ -27,13 +27,7 @@ def is_loopback(host: str) -> bool:
 
 def choose_port(settings: Settings) -> tuple[int, str]:
     """(port, warning): ``viewer.port`` while free, else a free one with a warning (0: a free one, quietly)."""
-    port = settings.viewer.port
-    if port == 0:
-        return free_port(), ""
-    if not port_free(port, settings.viewer.host):
-        other = free_port()
-        return other, f"the viewer's port {port} is taken (viewer.port): it listens on {other} instead"
-    return port, ""
+    return preferred_or_free(settings.viewer.port, settings.viewer.host, "the viewer (viewer.port)")
 
 
 def argv(settings: Settings, port: int) -> list[str]:
