@@ -6,17 +6,23 @@ is the operator, so the viewer then refuses any host but loopback (the gateway's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from agentlake.cli.app import ConfigOption, app, console, handle_errors, settings_or_exit
 from agentlake.stack.viewer import is_loopback
 from schemas.config import Settings
 from schemas.errors import ConfigError
-from schemas.lake import Lake
+
+if TYPE_CHECKING:
+    from schemas.lake import Lake
 
 
 def viewer_lake(settings: Settings, lake: str | None) -> Lake:
     """``--lake`` (a folder, or a URI with the settings' storage options), else the settings' lake."""
+    from schemas.lake import Lake  # the `stack` extra's: every command is registered, even with `serving` alone
+
     if lake is None:
         return Lake.from_settings(settings)
     return Lake(lake, dict(settings.lake.storage_options) if "://" in lake else {})
