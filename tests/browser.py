@@ -6,7 +6,7 @@ installs it) with ``executable_path``. The flags keep Chromium off the network i
 (without them it retries refused connections at every start). Playwright gives every launch a new, empty
 profile (``--user-data-dir`` in a fresh temporary folder), so nothing leaks between sessions.
 
-Fixtures: ``chromium`` (one browser per session), ``browser_page`` (a fresh context and page per test,
+Fixtures: ``chromium`` (one browser per test module), ``browser_page`` (a fresh context and page per test,
 screenshot saved when the test fails) and ``screenshots`` (save named screenshots under
 ``$BROWSER_ARTIFACTS`` or the test's ``tmp_path``; not an ``AGENTLAKE_`` name, which settings would
 reject). ``serve_app`` serves an ASGI app on localhost for a test's page. Tests using them carry
@@ -82,16 +82,21 @@ def artifacts_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return Path(root) / _safe(request.node.nodeid)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_driver() -> Iterator[Playwright]:
-    """Playwright's bundled driver, started once per session."""
+    """Playwright's bundled driver, started once per test module.
+
+    Not per session: the sync API keeps an asyncio loop marked running in the main thread while it lives, so
+    every later test calling ``asyncio.run`` would fail ("cannot be called from a running event loop"), as
+    a CI run found. Module scope stops it before the next module runs.
+    """
     with sync_playwright() as driver:
         yield driver
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium(playwright_driver: Playwright) -> Iterator[Browser]:
-    """One headless Debian Chromium for the session; skips (with the reason) where none is installed."""
+    """One headless Debian Chromium per test module; skips (with the reason) where none is installed."""
     exe = chromium_path()
     if exe is None:
         pytest.skip(f"no Chromium at {CHROMIUM} (scripts/chromium.sh installs Debian's chromium)")

@@ -3,7 +3,9 @@ clicked and the next page rendered, and screenshots land where the harness says.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,24 @@ def test_chromium_is_the_systems(browser_page: Page) -> None:
     printed = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
     browser = browser_page.context.browser
     assert browser is not None and browser.version in printed
+
+
+def test_later_modules_can_run_an_event_loop(tmp_path: Path) -> None:
+    """While Playwright's sync API lives, asyncio sees a running loop in the main thread; the harness stops it
+    with each module, so a later module's ``asyncio.run`` works (CI failed two vLLM tests when it did not)."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.browser"]\n')
+    (tmp_path / "test_a_browser.py").write_text(
+        "def test_page(browser_page):\n    browser_page.set_content('<p id=\"p\">x</p>')\n"
+    )
+    (tmp_path / "test_b_loop.py").write_text(
+        "import asyncio\n\n\nasync def one():\n    return 1\n\n\ndef test_loop():\n    assert asyncio.run(one()) == 1\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=180,
+    )
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
