@@ -4,9 +4,10 @@
 venv:
 	@bash scripts/bootstrap.sh
 
-# `make demo SEED=1` trains and samples with another seed (the held-out set stays the same)
+# `make demo SEED=1` trains and samples with another seed (the held-out set stays the same);
+# `make demo AGENT=tools` trains the agent that calls its calculator as a native function tool
 demo: venv
-	@.venv/bin/python -m examples.closed_loop $(if $(SEED),--seed $(SEED))
+	@.venv/bin/python -m examples.closed_loop $(if $(SEED),--seed $(SEED)) $(if $(AGENT),--agent $(AGENT))
 
 test: venv
 	@bash scripts/test.sh

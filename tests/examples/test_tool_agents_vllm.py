@@ -125,3 +125,78 @@ def test_tool_agent_through_the_gateway_gives_exact_transitions(name: str, vllm_
     assert isinstance(transitions, pl.DataFrame) and transitions.height >= 2
     assert set(transitions["token_source"]) == {"exact"}
     assert transitions["merged_calls"].sum() == gateway_rows.height
+
+
+class SyncRecordingTransport(httpx.BaseTransport):
+    """``RecordingTransport`` for a synchronous client (the native agent's)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.seen: list[dict[str, Any]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.read())
+        body["return_token_ids"] = True
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+        response = self.inner.handle_request(httpx.Request(request.method, request.url, headers=headers, json=body))
+        content = response.read()
+        reply = json.loads(content)
+        choice = reply["choices"][0]
+        self.seen.append(
+            {
+                "request": body,
+                "prompt_ids": reply["prompt_token_ids"],
+                "completion_ids": choice["token_ids"],
+                "finish_reason": choice["finish_reason"],
+                "message": choice["message"],
+            }
+        )
+        keep = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-encoding")}
+        return httpx.Response(response.status_code, headers=keep, content=content)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_native_agent_calls_its_tool_first_and_its_tokens_retokenize_exactly(vllm_server: VllmServer) -> None:
+    """`agentlake demo --agent tools`: the first turn names the calculator, so every rollout calls it (the base
+    model never does on "auto"); the call is the model's hermes text, so the template renders the text vLLM
+    generated. The ids too, except where the grammar that holds the call's frame let the model spell a word in
+    other tokens than the tokenizer would ("calcul" + "ate"): such replies decode to the same text and are
+    counted; the gateway, which records the engine's ids, is what trains on them exactly."""
+    from examples.tool_agents import native
+
+    recorder = SyncRecordingTransport()
+    retokenizer = Retokenizer(str(vllm_server.model_path))
+    with httpx.Client(base_url=vllm_server.url, transport=recorder, timeout=120) as client:
+        results = [
+            native.run_rollout(client, task, model=vllm_server.served_name, temperature=0.7, seed=100 + i)
+            for i, task in enumerate(heldout_tasks(4))
+        ]
+    assert all(r.tool_calls >= 1 for r in results)
+    firsts = [s for s in recorder.seen if s["request"]["tool_choice"] != "auto"]
+    assert len(firsts) == len(results)
+    assert all(s["request"]["tool_choice"] == native.REQUIRE_CALCULATE for s in firsts)
+    later = [s for s in recorder.seen if s["request"]["tool_choice"] == "auto"]
+    assert later, "no rollout went on after its tool result"
+    respelled = 0
+    for seen in recorder.seen:
+        message = seen["message"]
+        output: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            output["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": c["function"]} for c in message["tool_calls"]
+            ]
+        encoded = retokenizer.encode(seen["request"]["messages"], [output], seen["request"]["tools"])
+        assert encoded is not None
+        prompt, response = encoded
+        assert prompt == seen["prompt_ids"]
+        generated = seen["completion_ids"]
+        if seen["finish_reason"] not in ("stop", "tool_calls"):  # cut by max_tokens: no end of turn to compare
+            continue
+        canonical = retokenizer.tokenizer.encode(retokenizer.tokenizer.decode(generated), add_special_tokens=False)
+        if canonical == generated:
+            assert response == generated
+        else:
+            respelled += 1
+            assert retokenizer.tokenizer.decode(response) == retokenizer.tokenizer.decode(generated)
+    assert respelled < len(recorder.seen), "every reply was spelled in other tokens: nothing compared exactly"
