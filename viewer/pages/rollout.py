@@ -13,9 +13,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from viewer.auth import request_scope
-from viewer.errors import BadRequest, NotFound
+from viewer.errors import NotFound
 from viewer.queries import filters as f
-from viewer.queries.filters import FilterError
 from viewer.queries.rollout import TransitionView, rollout_view
 from viewer.templating import render
 
@@ -54,14 +53,11 @@ def _scale(variants: dict[str, list[TransitionView]]) -> float:
 async def rollout_page(request: Request) -> Response:
     scope = request_scope(request)
     rollout_id = request.path_params["rollout_id"]
-    try:
-        f.only_known(request.query_params.keys(), ("tenant", "attempt"))
-        tenant = f.text("tenant", request.query_params.get("tenant"))
-        attempt = f.text("attempt", request.query_params.get("attempt"))
-        if f.text("rollout id", rollout_id) is None:
-            raise NotFound("an empty rollout id")
-    except FilterError as exc:
-        raise BadRequest(str(exc)) from None
+    f.only_known(request.query_params.keys(), ("tenant", "attempt"))  # a FilterError is a BadRequest: the 400 page
+    tenant = f.text("tenant", request.query_params.get("tenant"))
+    attempt = f.text("attempt", request.query_params.get("attempt"))
+    if f.text("rollout id", rollout_id) is None:
+        raise NotFound("an empty rollout id")
     rid = rollout_id  # as given: ids are matched exactly, spaces included
     view = rollout_view(request.app.state.lake, scope, rid, request.app.state.tokens, tenant=tenant, attempt=attempt)
     if view is None:

@@ -7,18 +7,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from viewer.auth import request_scope
-from viewer.errors import BadRequest
-from viewer.queries.filters import FilterError
 from viewer.queries.rollouts import SORTS, STATUSES, choices, list_rollouts, parse_filters
 from viewer.templating import render
 
 
 async def rollouts_page(request: Request) -> Response:
     scope = request_scope(request)
-    try:
-        flt = parse_filters(request.query_params)
-    except FilterError as exc:
-        raise BadRequest(str(exc)) from None
+    flt = parse_filters(request.query_params)  # a FilterError is a BadRequest: the 400 page
     lake = request.app.state.lake
     page = list_rollouts(lake, scope, flt)
     return render(

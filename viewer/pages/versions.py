@@ -16,7 +16,7 @@ from viewer.auth import request_scope
 from viewer.errors import NotFound
 from viewer.plots import reward_plot
 from viewer.queries import versions as q
-from viewer.queries.params import page_number
+from viewer.queries.filters import page_number
 from viewer.templating import render
 
 

@@ -1,7 +1,8 @@
 """Reading query-string values into typed values, each failure a ``FilterError`` that names the parameter.
 
-The pages turn a ``FilterError`` into a 400 page with its reason; nothing a visitor types reaches SQL
-text (values go in as DuckDB parameters, names through fixed allow-lists).
+One module for every page's parameters, so a visitor reads one wording everywhere: ``name: 'value' ...``.
+A ``FilterError`` is a ``BadRequest``, which the app turns into a 400 page with its reason; nothing a visitor
+types reaches SQL text (values go in as DuckDB parameters, names through fixed allow-lists).
 """
 
 from __future__ import annotations
@@ -10,11 +11,25 @@ import datetime as dt
 import math
 from collections.abc import Collection
 
+from viewer.errors import BadRequest
+
 MAX_TEXT = 256  # an id, a task, an agent name: longer is a mistake (or an attack), not a filter
+MAX_PAGE = 1_000_000
 
 
-class FilterError(ValueError):
+class FilterError(BadRequest, ValueError):
     """A query parameter that is not valid; the message names it and says what is accepted."""
+
+
+def invalid(name: str, value: str, takes: str) -> FilterError:
+    """The error for parameter ``name``: what was given and what it takes."""
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    return FilterError(f"{name}: {shown!r} is not valid; {name} takes {takes}")
+
+
+def page_number(value: str | None) -> int:
+    """A 1-based page number (absent: 1)."""
+    return integer("page", value, default=1, low=1, high=MAX_PAGE)
 
 
 def text(name: str, value: str | None) -> str | None:

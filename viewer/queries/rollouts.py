@@ -35,7 +35,6 @@ SORTS = {
     "status": "status",
     "tenant": "tenant",
 }
-MAX_PAGE = 1_000_000
 MAX_PER_PAGE = 500
 COLUMNS = (
     "rollout_id, attempt_id, tenant, task_id, status, agents, n_llm_calls, n_spans, start_time, end_time, "
@@ -93,7 +92,7 @@ def parse_filters(params: Mapping[str, str]) -> RolloutFilters:
         q=f.text("q", params.get("q")),
         sort=f.choice("sort", params.get("sort"), SORTS, default="start_time") or "start_time",
         order=f.choice("order", params.get("order"), ("asc", "desc"), default="desc") or "desc",
-        page=f.integer("page", params.get("page"), default=1, low=1, high=MAX_PAGE),
+        page=f.page_number(params.get("page")),
         per_page=f.integer("per_page", params.get("per_page"), default=50, low=1, high=MAX_PER_PAGE),
     )
     if out.reward_min is not None and out.reward_max is not None and out.reward_min > out.reward_max:

@@ -21,7 +21,7 @@ from schemas.topics import DEFAULT_TENANT
 from viewer.auth import Scope
 from viewer.lake import ViewerLake
 from viewer.queries import REGISTRY_VERSIONS_SQL
-from viewer.queries.params import invalid, page_number
+from viewer.queries.filters import invalid, page_number
 
 PER_PAGE = 50
 STATUSES = ("pending", "published", "failed", "rejected", "rolled_back")
