@@ -1,11 +1,11 @@
 """Redaction of span text before it is stored: named detectors (emails, API keys, phone numbers, a
 deployment's own regexes) chosen per tenant by the ``[redaction]`` settings.
 
-What is redacted: the message content and attribute string values of a `spans` Arrow table
-(``input_messages``, ``output_messages``, ``attributes``, ``resource_attributes``: JSON, every string
-value at any depth; ``status_message``: text). Each match becomes ``[REDACTED:<detector>]`` and the
-row's ``redacted`` column lists the detectors that fired. A value nothing matches keeps its exact
-text (JSON is rewritten only when one of its strings changed).
+What is redacted: the message content, tool definitions and attribute string values of a `spans` Arrow
+table (``input_messages``, ``output_messages`` with their tool calls' arguments, ``tools``, ``attributes``,
+``resource_attributes``: JSON, every string value at any depth; ``status_message``: text). Each match
+becomes ``[REDACTED:<detector>]`` and the row's ``redacted`` column lists the detectors that fired. A
+value nothing matches keeps its exact text (JSON is rewritten only when one of its strings changed).
 
 Not redacted: token ids (``prompt_token_ids``, ``completion_token_ids``) encode the same text the
 messages hold; a tenant that must not keep it should not send token ids, or drop them.
@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from schemas.config import RedactionSettings
 from schemas.config.redaction import REDACTION_DETECTORS
 
-JSON_COLUMNS = ("input_messages", "output_messages", "attributes", "resource_attributes")
+JSON_COLUMNS = ("input_messages", "output_messages", "tools", "attributes", "resource_attributes")
 TEXT_COLUMNS = ("status_message",)
 REDACTED_COLUMN = "redacted"
 REDACTED_TYPE = pa.list_(pa.string())

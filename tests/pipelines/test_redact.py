@@ -97,6 +97,7 @@ def span_row(i: int, tenant: str, text: str, attr: str, status: str | None = Non
         "rollout_id": f"r{i}",
         "input_messages": json.dumps([{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]),
         "output_messages": json.dumps([{"role": "assistant", "content": [{"type": "text", "text": text}]}]),
+        "tools": json.dumps([{"type": "function", "function": {"name": "notify", "description": attr}}]),
         "attributes": json.dumps({"gen_ai.request.temperature": 0.8, "user": {"note": attr, "n": 3}}),
         "resource_attributes": json.dumps({"service.name": "agent"}),
         "status_message": status,
@@ -130,6 +131,8 @@ def test_spans_table_redacts_every_text_column(rows: list[tuple[Any, Any, bool]]
         assert msgs[1]["content"] == x1
         attrs = json.loads(out.column("attributes")[i].as_py())
         assert attrs["gen_ai.request.temperature"] == 0.8 and attrs["user"] == {"note": x2, "n": 3}
+        (tool,) = json.loads(out.column("tools")[i].as_py())  # a tool's description is text a user wrote too
+        assert tool == {"type": "function", "function": {"name": "notify", "description": x2}}
     # columns redaction does not read are the same arrays
     for name in ("trace_id", "rollout_id", "prompt_token_ids", "day"):
         assert out.column(name).equals(table.column(name))
