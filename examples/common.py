@@ -21,6 +21,9 @@ from opentelemetry import propagate, trace
 from schemas import attributes as attr
 
 ROLLOUT_HEADER = "x-agentlake-rollout-id"
+# One request's limit: CPU vLLM answering 16 requests at once on a shared 2-core machine took over 120 s for
+# one of them (a demo run next to three test servers, load ~24); a slow answer is not a failed rollout.
+REQUEST_TIMEOUT_S = 600.0
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -142,5 +145,5 @@ def run_rollouts(
                 on_done(done, len(tasks))
         return result
 
-    with httpx.Client(base_url=base_url, timeout=120) as client, ThreadPoolExecutor(concurrency) as pool:
+    with httpx.Client(base_url=base_url, timeout=REQUEST_TIMEOUT_S) as client, ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, enumerate(tasks)))
