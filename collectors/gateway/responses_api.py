@@ -79,6 +79,11 @@ def _first_text(content: Any) -> str | None:  # noqa: ANN401 - JSON
     return content if isinstance(content, str) else None
 
 
+def _items(value: Any) -> list[Mapping[str, Any]]:  # noqa: ANN401 - JSON
+    """The objects of a JSON list (anything else: none)."""
+    return [i for i in value if isinstance(i, Mapping)] if isinstance(value, list) else []
+
+
 def _call(item: Mapping[str, Any]) -> dict[str, Any]:
     return tool_call(item.get("call_id"), item.get("name"), item.get("arguments"))
 
@@ -149,9 +154,7 @@ def output_message(data: Mapping[str, Any]) -> dict[str, Any]:
     said: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
-    for item in data.get("output") or ():
-        if not isinstance(item, Mapping):
-            continue
+    for item in _items(data.get("output")):
         if item.get("type") == "message":
             said.append(text(item.get("content")) or "")
         elif item.get("type") == "function_call":
@@ -190,8 +193,7 @@ def finish_reason(data: Mapping[str, Any]) -> str | None:
         return "length"
     if status not in ("completed", None):
         return str(status)
-    out = data.get("output") or ()
-    if any(isinstance(i, Mapping) and i.get("type") == "function_call" for i in out):
+    if any(i.get("type") == "function_call" for i in _items(data.get("output"))):
         return "tool_calls"
     return "stop"
 
