@@ -6,6 +6,8 @@ collectors.gateway.recording makes of the request, and relays the answer: whole,
 line as it comes. The recording module decides what the call becomes; this one only moves bytes.
 Upstream errors pass through unchanged; an unreachable upstream is 502, a slow one 504. Where vLLM
 wants an API key (``vllm.api_key_env``), every upstream request carries it instead of the client's.
+``/v1/responses`` (the Responses API) goes the same way, its items and answer made chat-shaped by
+collectors.gateway.responses_api; a stream is relayed with its ``event:`` lines.
 
 The agent a call is for (the ``x-agentlake-agent`` header) is recorded on its span; when that agent
 has a policy line of its own (``trainer.agents``), a call to ``model.served_name`` is sent to the
@@ -35,6 +37,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from collectors.gateway import responses_api
 from collectors.gateway.auth import GatewayAuth
 from collectors.gateway.recording import (
     CallRecorder,
@@ -236,7 +239,9 @@ class Gateway:
         out["content-type"] = "application/json"
         return out
 
-    async def completion(self, request: Request, kind: Kind, tenant: str) -> Response:
+    async def _admit(self, request: Request) -> tuple[dict[str, Any], dict[str, str]] | Response:
+        """(the body for the upstream, the call's ids), or the answer refusing the call: paused, holding
+        the policy names, a body that is no JSON object."""
         if self.paused:
             return openai_error(
                 429, "the policy is being updated; retry shortly", "rate_limit_error", headers={"Retry-After": "1"}
@@ -259,6 +264,13 @@ class Gateway:
         ids = self._ids(request)
         if agent:
             ids[A.AGENT_NAME] = agent
+        return body, ids
+
+    async def completion(self, request: Request, kind: Kind, tenant: str) -> Response:
+        admitted = await self._admit(request)
+        if isinstance(admitted, Response):
+            return admitted
+        body, ids = admitted
         upstream = self.upstreams[next(self._next)]
         base = request_call(
             body,
@@ -311,6 +323,93 @@ class Gateway:
         finally:
             if not streaming:
                 self._leave()
+
+    async def responses(self, request: Request, tenant: str) -> Response:
+        """``POST /v1/responses`` (the OpenAI Responses API): relayed like a chat call and recorded as one,
+        its items in chat form (collectors.gateway.responses_api), with vLLM's exact token ids."""
+        admitted = await self._admit(request)
+        if isinstance(admitted, Response):
+            return admitted
+        body, ids = admitted
+        refusal = responses_api.problem(body)
+        if refusal is not None:
+            return openai_error(400, refusal)
+        upstream = self.upstreams[next(self._next)]
+        base = request_call(
+            body,
+            "chat",
+            parent=parse_traceparent(request.headers.get("traceparent")),
+            upstream=upstream,
+            ids=ids,
+            tenant=tenant,
+        )
+        base.request_messages = responses_api.input_messages(body)
+        base.request_tools = responses_api.chat_tools(body.get("tools"))
+        asked = body.get("enable_response_messages") is True
+        self._enter()
+        streaming = False
+        try:
+            req = self.client.build_request(
+                "POST",
+                upstream + "/v1/responses",
+                content=json.dumps(responses_api.upstream_body(body), separators=(",", ":")).encode(),
+                headers=self._headers(request, traceparent(base.trace_id, base.span_id)),
+            )
+            try:
+                resp = await self.client.send(req, stream=True)
+            except httpx.TimeoutException as exc:
+                return self._failed(base, 504, f"upstream {upstream} timed out: {exc}")
+            except httpx.TransportError as exc:
+                return self._failed(base, 502, f"upstream {upstream} is unreachable: {exc}")
+            if resp.status_code != 200 or not base.streamed:
+                content = await resp.aread()
+                await resp.aclose()
+                base.end_ns, base.status_code = time.time_ns(), resp.status_code
+                media = resp.headers.get("content-type", "application/json")
+                try:
+                    data = json.loads(content) if resp.status_code == 200 else None
+                except ValueError:
+                    data = None
+                if not isinstance(data, dict):
+                    base.error = content[:500].decode(errors="replace") or f"upstream answered {resp.status_code}"
+                    self.recorder.record([base])
+                    return Response(content, resp.status_code, media_type=media)  # unchanged
+                self.recorder.record([responses_api.answered_call(data, base)])
+                return json_response(responses_api.strip(data, asked=asked))
+            streaming = True
+            return StreamingResponse(self._relay_events(resp, base, asked), media_type="text/event-stream")
+        finally:
+            if not streaming:
+                self._leave()
+
+    async def _relay_events(self, resp: httpx.Response, base: LlmCall, asked: bool) -> AsyncIterator[bytes]:
+        """A Responses stream relayed line by line (``event:`` lines too); the call is recorded from the
+        answer its last event (``response.completed``) carries whole."""
+        final: dict[str, Any] | None = None
+        try:
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    try:
+                        event = json.loads(line[5:].strip())
+                    except ValueError:
+                        event = None
+                    if isinstance(event, dict):
+                        final = responses_api.completed(event) or final
+                        if isinstance(event.get("response"), dict):
+                            event["response"] = responses_api.strip(dict(event["response"]), asked=asked)
+                        if event.get("type") == "error":
+                            base.error = json.dumps(event)[:500]
+                        line = "data: " + json.dumps(event, separators=(",", ":"))
+                yield f"{line}\n".encode()
+        finally:
+            await resp.aclose()
+            base.end_ns = time.time_ns()
+            if final is None:
+                base.error = base.error or "stream ended before response.completed (client or upstream went away)"
+                self.recorder.record([base])
+            else:
+                self.recorder.record([responses_api.answered_call(final, base)])
+            self._leave()
 
     def _failed(self, base: LlmCall, status: int, message: str) -> Response:
         base.end_ns, base.status_code, base.error = time.time_ns(), status, message

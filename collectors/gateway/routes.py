@@ -1,6 +1,6 @@
 """The gateway's HTTP surface: which URL does what, and who may call it.
 
-The OpenAI API (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, also under
+The OpenAI API (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, ``/v1/models``, also under
 ``/rollout/{id}/``) and ``POST /rollout/{id}/end`` are for tenants: callers authenticate with the
 collector's bearer tokens (collectors.gateway.auth), and each call's spans carry the caller's tenant.
 The pipeline keys every rollout by (tenant, rollout id), so a rollout id is the caller's own: tenant
@@ -67,6 +67,9 @@ def create_app(gateway: Gateway) -> Starlette:
     async def completions(request: Request, tenant: str) -> Response:
         return await gateway.completion(request, "completions", tenant)
 
+    async def responses(request: Request, tenant: str) -> Response:
+        return await gateway.responses(request, tenant)
+
     async def models(request: Request, _tenant: str) -> Response:
         return await gateway.models(request)
 
@@ -108,6 +111,7 @@ def create_app(gateway: Gateway) -> Starlette:
         routes += [
             Route(f"{prefix}/v1/chat/completions", tenant_route(chat), methods=["POST"]),
             Route(f"{prefix}/v1/completions", tenant_route(completions), methods=["POST"]),
+            Route(f"{prefix}/v1/responses", tenant_route(responses), methods=["POST"]),
             Route(f"{prefix}/v1/models", tenant_route(models), methods=["GET"]),
         ]
     routes += [

@@ -1,12 +1,13 @@
 """The math task with the OpenAI Agents SDK: ``calculate`` is a ``@function_tool``, the model a chat-completions
-model, the trace OpenInference's ``openai-agents`` instrumentation. The SDK runs the tool loop itself."""
+model (or, with ``responses=True``, the Responses API model: ``POST /v1/responses``, which vLLM and the
+gateway serve too), the trace OpenInference's ``openai-agents`` instrumentation. The SDK runs the tool loop itself."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+from agents import Agent, Model, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
 from agents.exceptions import AgentsException
 from openai import AsyncOpenAI
 from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
@@ -57,12 +58,20 @@ def worked_example() -> list[Any]:
     ]
 
 
-def make_agent(client: AsyncOpenAI, model: str, *, temperature: float, max_tokens: int) -> Agent:
+def make_agent(
+    client: AsyncOpenAI, model: str, *, temperature: float, max_tokens: int, responses: bool = False
+) -> Agent:
+    """The agent on the chat-completions model, or on the Responses API model with ``responses``."""
+    served: Model = (
+        OpenAIResponsesModel(model=model, openai_client=client)
+        if responses
+        else OpenAIChatCompletionsModel(model=model, openai_client=client)
+    )
     return Agent(
         name=AGENT_NAME,
         instructions=calc.AGENT_SYSTEM_PROMPT,
         tools=[calculate],
-        model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+        model=served,
         model_settings=ModelSettings(temperature=temperature, max_tokens=max_tokens),
     )
 
@@ -99,12 +108,14 @@ async def run_batch_async(
     max_tokens: int = 48,
     max_turns: int = 4,
     transport: httpx.AsyncBaseTransport | None = None,
+    responses: bool = False,
 ) -> list[ToolRolloutResult]:
-    """Run ``tasks`` against ``base_url`` (the gateway or vLLM); call ``setup`` first."""
+    """Run ``tasks`` against ``base_url`` (the gateway or vLLM); call ``setup`` first. ``responses``: through
+    the Responses API (``/v1/responses``) rather than chat completions."""
     client = AsyncOpenAI(
         base_url=f"{base_url.rstrip('/')}/v1", api_key="agentlake", http_client=rollout_http_client(transport)
     )
-    agent = make_agent(client, model, temperature=temperature, max_tokens=max_tokens)
+    agent = make_agent(client, model, temperature=temperature, max_tokens=max_tokens, responses=responses)
     try:
         return await gather_limited(tasks, lambda t: run_rollout(agent, t, max_turns=max_turns), concurrency)
     finally:

@@ -73,6 +73,7 @@ async def test_tokens_lock_every_tenant_endpoint_and_name_the_tenant() -> None:
         for method, path in (
             ("POST", "/v1/chat/completions"),
             ("POST", "/v1/completions"),
+            ("POST", "/v1/responses"),
             ("GET", "/v1/models"),
             ("POST", "/rollout/r1/v1/chat/completions"),
             ("POST", "/rollout/r1/end"),

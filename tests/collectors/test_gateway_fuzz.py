@@ -75,6 +75,7 @@ def upstream_app() -> Starlette:
         routes=[
             Route("/v1/chat/completions", complete, methods=["POST"]),
             Route("/v1/completions", complete, methods=["POST"]),
+            Route("/v1/responses", complete, methods=["POST"]),  # a chat-shaped answer: the gateway copes
             Route("/v1/models", models, methods=["GET"]),
         ]
     )
@@ -136,6 +137,7 @@ _ascii = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40
 _keys = st.sampled_from(
     ["model", "messages", "prompt", "stream", "stream_options", "n", "logprobs", "top_logprobs"]
     + ["return_token_ids", "max_tokens", "role", "content", "include_usage", "status", "reward", "reward_name"]
+    + ["input", "instructions", "tools", "type", "call_id", "output"]
 ) | st.text(max_size=8)
 json_values = st.recursive(
     st.none()
@@ -153,6 +155,8 @@ CORPUS = [
     b'{"model": "\\udfff", "prompt": "x"}',
     b'{"model": "m", "messages": [], "temperature": NaN}',
     b'{"model": "m", "messages": [], "temperature": -Infinity}',
+    b'{"model": "m", "input": [{"type": "function_call"}, {"role": 5}], "tools": [{"type": "function"}]}',
+    b'{"model": "m", "input": "hi", "stream": true, "instructions": "x"}',
     b'{"reward": 1e400}',
     b'{"status": {"a": 1}}',
     b"[" * 100_000,
@@ -171,11 +175,12 @@ bodies = (
 )
 _ids = st.sampled_from(["r1", "shared", "", " ", "%2F..%2F", "a" * 300]) | _ascii
 paths = st.one_of(
-    st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/admin/state"]),
+    st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health"]),
+    st.just("/admin/state"),
     st.sampled_from(["/admin/resume", "/admin/pause", "/nope", "/v1", "//v1/chat/completions"]),
-    st.tuples(_ids, st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/models", "/end"])).map(
-        lambda t: f"/rollout/{quote(t[0], safe='')}{t[1]}"
-    ),
+    st.tuples(
+        _ids, st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/end"])
+    ).map(lambda t: f"/rollout/{quote(t[0], safe='')}{t[1]}"),
     _ascii.map(lambda w: f"/admin/pause?wait={quote(w)}"),
 )
 authorization = st.sampled_from(
