@@ -54,6 +54,7 @@ class IngestResult:
     next_offsets: dict[int, int] = field(default_factory=dict)  # Kafka offsets, as the broker numbers them
     lag: int = 0
     epoch: int = 0  # log resets of the topic the table has accepted
+    worker_seconds: list[float] = field(default_factory=list)  # each worker's own run (pipelines.bronze.workers)
 
     def metadata(self) -> dict[str, Any]:
         return {
