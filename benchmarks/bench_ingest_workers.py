@@ -7,7 +7,10 @@ workers (`pipelines.bronze.workers.ingest_workers`, worker processes spawned per
 asset does) and the decoder processes each worker forks. Two rates per configuration:
 
 * end to end: spans over the call's wall time, worker start-up (a fresh interpreter each) included;
-* steady: spans over the slowest worker's own run, what long-running workers would sustain.
+* steady: spans over the slowest worker's own run, what long-running workers would sustain;
+
+and the CPU seconds all of a configuration's processes spent per 100k spans (decoders included): with
+cores to spare, N workers scale while that stays flat.
 
     nice -n 10 .venv/bin/python benchmarks/bench_ingest_workers.py --rollouts 20000 --runs 3
 """
@@ -26,7 +29,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_pipelines import produce_rollouts  # noqa: E402
-from pipelines.bronze.workers import decoders_per_worker, ingest_workers  # noqa: E402
+from pipelines.bronze.workers import cpu_seconds, decoders_per_worker, ingest_workers  # noqa: E402
 from schemas.config import KafkaSettings  # noqa: E402
 from schemas.lake import Lake  # noqa: E402
 
@@ -34,12 +37,14 @@ from schemas.lake import Lake  # noqa: E402
 def one(kafka: KafkaSettings, root: str, workers: int, decoders: int) -> dict[str, Any]:
     """One ingestion of the whole backlog into a fresh lake by ``workers`` workers."""
     lake = Lake(tempfile.mkdtemp(prefix=f"w{workers}d{decoders}-", dir=root))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
     res = ingest_workers(lake, kafka, "spans", workers=workers, decoders=decoders)
     wall = time.perf_counter() - t0
     busiest = max(res.worker_seconds) if res.worker_seconds else res.seconds
+    # one worker runs in this process (its decoders are this process's children); N in worker processes
+    cpu = res.cpu_seconds if res.worker_seconds else cpu_seconds() - cpu0
     shutil.rmtree(lake.root, ignore_errors=True)
-    return {"rows": res.rows, "wall_s": wall, "busiest_s": busiest, "commits": res.commits}
+    return {"rows": res.rows, "wall_s": wall, "busiest_s": busiest, "commits": res.commits, "cpu_s": cpu}
 
 
 def main() -> None:
@@ -84,7 +89,7 @@ def main() -> None:
                 got[(n, d)].append(r)
                 print(
                     f"run {i + 1}, {n} worker(s), decoders {d}: {r['wall_s']:.2f}s wall, "
-                    f"{r['busiest_s']:.2f}s slowest worker, {r['commits']} commits",
+                    f"{r['busiest_s']:.2f}s slowest worker, {r['cpu_s']:.1f} CPU s, {r['commits']} commits",
                     flush=True,
                 )
     finally:
@@ -96,18 +101,22 @@ def main() -> None:
         f"\n{args.rollouts:,} rollouts ({n_spans:,} spans) on {args.partitions} partitions, "
         f"{os.cpu_count()} CPUs, medians of {args.runs} runs"
     )
-    print("| workers | decoders each | end to end spans/s | vs 1 worker | steady spans/s | vs 1 worker |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| workers | decoders each | end to end spans/s | vs 1 worker | steady spans/s | vs 1 worker "
+        "| CPU s per 100k spans |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for n, d in configs:
         wall = statistics.median(r["wall_s"] for r in got[(n, d)])
         busy = statistics.median(r["busiest_s"] for r in got[(n, d)])
         base = got[(counts[0], d)]
         base_wall = statistics.median(r["wall_s"] for r in base)
         base_busy = statistics.median(r["busiest_s"] for r in base)
+        cpu = statistics.median(r["cpu_s"] for r in got[(n, d)]) * 100_000 / n_spans
         each = decoders_per_worker("spans", n, d)
         print(
             f"| {n} | {each} | {n_spans / wall:,.0f} | {base_wall / wall:.2f}x | "
-            f"{n_spans / busy:,.0f} | {base_busy / busy:.2f}x |"
+            f"{n_spans / busy:,.0f} | {base_busy / busy:.2f}x | {cpu:.1f} |"
         )
 
 

@@ -55,6 +55,7 @@ class IngestResult:
     lag: int = 0
     epoch: int = 0  # log resets of the topic the table has accepted
     worker_seconds: list[float] = field(default_factory=list)  # each worker's own run (pipelines.bronze.workers)
+    cpu_seconds: float = 0.0  # the worker processes' CPU time, decoders included (set by pipelines.bronze.workers)
 
     def metadata(self) -> dict[str, Any]:
         return {

@@ -15,6 +15,7 @@ one fresh interpreter per calling process, not one per worker and run.
 from __future__ import annotations
 
 import multiprocessing as mp
+import resource
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -63,6 +64,7 @@ def merge(topic: str, results: list[IngestResult], seconds: float) -> IngestResu
         out.epoch = max(out.epoch, r.epoch)
         out.next_offsets.update(r.next_offsets)
         out.worker_seconds.append(r.seconds)
+        out.cpu_seconds += r.cpu_seconds
     return out
 
 
@@ -128,5 +130,13 @@ def worker_context() -> mp.context.BaseContext:
 def _run_worker(
     lake: Lake, kafka: KafkaSettings, kind: Kind, owned: list[int], options: dict[str, Any]
 ) -> IngestResult:
-    """One worker's run, in its own process."""
-    return ingest(lake, kafka, kind, partitions=owned, **options)
+    """One worker's run, in its own process (fresh from the forkserver: its CPU time is the run's)."""
+    res = ingest(lake, kafka, kind, partitions=owned, **options)
+    res.cpu_seconds = cpu_seconds()
+    return res
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (a worker's decoders, joined by ``ingest``)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
