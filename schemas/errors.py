@@ -54,5 +54,10 @@ class LogResetError(LakeError):
     def __init__(self, topic: str, problems: list[str], hint: str) -> None:
         self.topic = topic
         self.problems = problems
+        self.hint = hint
         lines = "; ".join(problems)
         super().__init__(f"the Kafka log of topic {topic!r} was reset: {lines}. {hint}")
+
+    def __reduce__(self) -> tuple[type[LogResetError], tuple[str, list[str], str]]:
+        # rebuilt from its fields when it crosses processes (an ingest worker's, pipelines.bronze.workers)
+        return LogResetError, (self.topic, self.problems, self.hint)

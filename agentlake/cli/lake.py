@@ -120,7 +120,7 @@ def replay(
 
 
 lake_app = typer.Typer(
-    name="lake", help="Lake maintenance: compact, vacuum, accept a reset Kafka log.", no_args_is_help=True
+    name="lake", help="Lake maintenance: ingest, compact, vacuum, accept a reset Kafka log.", no_args_is_help=True
 )
 app.add_typer(lake_app, name="lake")
 
@@ -155,6 +155,54 @@ def accept_reset(
         console.print(f"{kind}: accepted epoch {done['epoch']} of {name} (table version {done['version']})")
         for p, part in sorted(done["partitions"].items(), key=lambda kv: int(kv[0])):
             console.print(f"  partition {p}: {part['broker']}; new records from lake offset {part['base']}")
+
+
+@lake_app.command("ingest")
+@handle_errors
+def ingest_cmd(
+    topic: str = typer.Option("spans", "--topic", help="spans | rewards"),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="processes sharing the topic's partitions (default: [ingest] workers)"
+    ),
+    worker: int | None = typer.Option(
+        None, "--worker", min=0, help="run only worker I of --workers here (one per machine or container)"
+    ),
+    config: str | None = ConfigOption,
+) -> None:
+    """Ingest a topic into its bronze table until caught up, exactly once, by one or N workers.
+
+    Worker i of N owns the partitions p with p % N == i; workers of one N may run at once, here as
+    processes or (``--worker``) anywhere. A run whose partitions another run committed first stops.
+    """
+    from pipelines.bronze.ingest import ingest
+    from pipelines.bronze.positions import Kind
+    from pipelines.bronze.workers import decoders_per_worker, ingest_workers, worker_partitions
+
+    if topic not in ("spans", "rewards"):
+        raise typer.BadParameter("--topic must be spans or rewards")
+    s, lake = _lake(config)
+    if not s.kafka.bootstrap_servers:
+        console.print("[bold red]error:[/] no Kafka address: run `agentlake up` or set KAFKA_BOOTSTRAP_SERVERS")
+        raise typer.Exit(2)
+    kind: Kind = "spans" if topic == "spans" else "rewards"
+    n = workers or s.ingest.workers
+    if worker is None:
+        res = ingest_workers(lake, s.kafka, kind, workers=n, decoders=s.ingest.decoders)
+    else:
+        if worker >= n:
+            raise typer.BadParameter(f"--worker must be below --workers ({n})")
+        from pipelines.bronze.fetch import make_fetcher, topic_partitions
+
+        name = s.kafka.spans_topic if kind == "spans" else s.kafka.rewards_topic
+        probe = make_fetcher(s.kafka)
+        try:
+            owned = worker_partitions(topic_partitions(probe, name), worker, n)
+        finally:
+            probe.close()
+        if not owned:
+            raise typer.BadParameter(f"worker {worker} of {n} owns none of {name}'s partitions: use fewer workers")
+        res = ingest(lake, s.kafka, kind, partitions=owned, workers=decoders_per_worker(kind, n, s.ingest.decoders))
+    console.print(f"{kind}: {json.dumps(res.metadata())}")
 
 
 def _tables(table: str) -> list[str]:

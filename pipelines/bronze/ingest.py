@@ -11,13 +11,19 @@ between the two commits neither loses nor repeats a quarantined record.
 Exactly once, also with two runs at once: a run reads the positions from one Delta snapshot and
 commits every batch on top of it (``Lake.write(snapshot=..., expect=...)``), so a run whose
 partitions another run committed first fails before its rows land (``ConcurrentWriteError``).
+
+Scaling out: a run may own a set of the topic's partitions (``partitions=``; N workers of
+`pipelines.bronze.workers`). Runs of disjoint sets commit to one table side by side: delta-rs
+rebases an append whose app transactions no other commit touched, and a commit that still fails
+for a reason other than this run's own partitions (a schema or property change by someone else)
+is retried on the newest snapshot once that snapshot is checked to hold this run's positions.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +36,7 @@ from pipelines.bronze.fetch import batches, make_fetcher, records_behind, topic_
 from pipelines.bronze.log_reset import ACCEPT_RESET_HINT, OnReset, accept_new_log, check_log, legacy_match
 from pipelines.bronze.positions import Kind, app_id, fingerprint_id, positions, record_fingerprint
 from schemas.config import KafkaSettings, RedactionSettings
-from schemas.errors import LogResetError
+from schemas.errors import ConcurrentWriteError, LogResetError
 from schemas.lake import Lake
 from schemas.tables import QUARANTINE
 
@@ -48,6 +54,8 @@ class IngestResult:
     next_offsets: dict[int, int] = field(default_factory=dict)  # Kafka offsets, as the broker numbers them
     lag: int = 0
     epoch: int = 0  # log resets of the topic the table has accepted
+    worker_seconds: list[float] = field(default_factory=list)  # each worker's own run (pipelines.bronze.workers)
+    cpu_seconds: float = 0.0  # the worker processes' CPU time, decoders included (set by pipelines.bronze.workers)
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -75,6 +83,7 @@ def ingest(
     workers: int | None = None,
     on_reset: OnReset = "stop",
     redaction: RedactionSettings | None = None,
+    partitions: Collection[int] | None = None,
 ) -> IngestResult:
     """Consume ``kind``'s topic from where the lake left off into its table until caught up.
 
@@ -86,6 +95,8 @@ def ingest(
     Another run committing the same partitions first makes this one raise ``ConcurrentWriteError``.
     ``redaction``: what span text is redacted before it is stored (default: ``load_settings().redaction``,
     read once here; the decoder processes get it when they are forked).
+    ``partitions``: the topic's partitions this run owns (default: all); runs of disjoint sets may
+    run at once (`pipelines.bronze.workers`), a partition of the topic that does not exist is an error.
     """
     topic = kafka.spans_topic if kind == "spans" else kafka.rewards_topic
     result = IngestResult(topic=topic)
@@ -97,11 +108,12 @@ def ingest(
     own = consumer is None
     consumer = consumer or make_fetcher(kafka)
     try:
-        parts = topic_partitions(consumer, topic)
+        parts = owned(topic, topic_partitions(consumer, topic), partitions)
         ids = {p: app_id(topic, p) for p in parts}
         # One snapshot for the whole run: the positions are read from it and every batch commits on
         # top of it (and then on top of this run's previous commit), never on a newer one.
         data_dt = lake.pin(kind)
+        snap = [data_dt]  # the snapshot commits build on: replaced by a newer one when a commit is retried
         epoch, pos = positions(data_dt, topic, parts)
         problems = check_log(consumer, topic, pos, legacy=legacy_match(lake, kind, data_dt))
         if problems:
@@ -161,7 +173,7 @@ def ingest(
             if pending is not None:
                 finish()
             expect = {a: committed[a] for a in txns}
-            future = writer.submit(_commit, lake, kind, data, bad, txns, marks, expect, data_dt, q_dt, quarantine)
+            future = writer.submit(_commit, lake, kind, data, bad, txns, marks, expect, snap, q_dt, quarantine)
             pending = (future, txns, records, data.num_rows, len(bad))
 
         with ThreadPoolExecutor(1, thread_name_prefix="agentlake-commit") as writer:
@@ -201,6 +213,19 @@ def ingest(
     return result
 
 
+def owned(topic: str, parts: list[int], partitions: Collection[int] | None) -> list[int]:
+    """The topic's partitions a run owns: ``partitions`` (all when None), each one the topic has."""
+    if partitions is None:
+        return parts
+    missing = sorted(set(partitions) - set(parts))
+    if missing or not partitions:
+        raise ValueError(f"topic {topic!r} has partitions {parts}; a run cannot own {missing or 'none of them'}")
+    return sorted(set(partitions))
+
+
+COMMIT_ATTEMPTS = 8  # a commit refused for someone else's change is retried this often (disjoint workers)
+
+
 def _commit(
     lake: Lake,
     kind: Kind,
@@ -209,7 +234,7 @@ def _commit(
     txns: dict[str, int],
     marks: dict[str, int],
     expect: dict[str, int | None],
-    data_dt: Any,
+    snap: list[Any],
     q_dt: list[Any],
     quarantine: tuple[dict[str, int], dict[str, int | None]] | None,
 ) -> int:
@@ -224,5 +249,40 @@ def _commit(
             q_dt[0] = lake.pin("quarantine")
         q_txns, q_expect = quarantine
         table = pa.Table.from_pylist(bad, schema=QUARANTINE)
-        lake.write("quarantine", table, txns=q_txns, snapshot=q_dt[0], expect=q_expect)
-    return lake.write(kind, data, txns=txns, marks=marks, snapshot=data_dt, expect=expect)
+        write_retrying(lake, "quarantine", table, txns=q_txns, marks={}, snap=q_dt, expect=q_expect)
+    return write_retrying(lake, kind, data, txns=txns, marks=marks, snap=snap, expect=expect)
+
+
+def write_retrying(
+    lake: Lake,
+    name: str,
+    data: pa.Table,
+    *,
+    txns: dict[str, int],
+    marks: dict[str, int],
+    snap: list[Any],
+    expect: dict[str, int | None],
+    attempts: int = COMMIT_ATTEMPTS,
+) -> int:
+    """``Lake.write`` on ``snap[0]``, retried on a newer snapshot when the conflict was not over ``expect``.
+
+    A refused commit landed nothing. When the newest snapshot still holds exactly the positions
+    ``expect`` names, no other writer consumed these partitions: what refused the commit was another
+    writer's change elsewhere (its own partitions beyond delta-rs's retries, a schema merge, a
+    property), so the same rows are committed again on that snapshot, which becomes ``snap[0]``.
+    Otherwise (another run took these partitions) the ``ConcurrentWriteError`` stands.
+    """
+    for attempt in range(attempts):
+        try:
+            return lake.write(name, data, txns=txns, marks=marks, snapshot=snap[0], expect=expect)
+        except ConcurrentWriteError:
+            fresh = lake.table(name)
+            if (
+                attempt + 1 == attempts
+                or fresh is None
+                or any(fresh.transaction_version(a) != v for a, v in expect.items())
+            ):
+                raise
+            snap[0] = fresh
+            time.sleep(0.01 * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -112,6 +112,8 @@ class KafkaResource(ConfigurableResource):
     rewards_topic: str
     options_json: str = "{}"
     batch_records: int = 2000
+    ingest_workers: int = 1  # `[ingest] workers`: processes that share each topic's partitions
+    ingest_decoders: int = -1  # `[ingest] decoders`: decoder processes per worker (-1: the default split)
     sasl_password: str = ""
     ssl_key_password: str = ""
 
@@ -297,6 +299,8 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
         options_json=s.kafka.model_dump_json(
             exclude={"bootstrap_servers", "spans_topic", "rewards_topic", *KAFKA_SECRETS}
         ),
+        ingest_workers=s.ingest.workers,
+        ingest_decoders=s.ingest.decoders,
         **kafka_secrets,
     )
     admin = s.gateway.admin_token

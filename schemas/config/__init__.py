@@ -2,7 +2,7 @@
 
 The public API is here: the section classes and ``load_settings``. Inside, one module per concern:
 
-- a module per group of sections (``lake``, ``kafka``, ``servers``, ``serving``, ``dagster``, ``training``,
+- a module per group of sections (``lake``, ``kafka``, ``ingest``, ``servers``, ``serving``, ``dagster``, ``training``,
   ``judge``, ``redaction``, ``health``, ``tracking``, ``viewer``), gathered by ``settings.Settings``;
 - ``loading``: defaults, the running stack, the TOML file and the environment merged, errors named;
 - ``secrets``: which settings are secrets, hidden in every error;
@@ -23,6 +23,7 @@ from schemas.config.health import (
     RewardShiftCheck,
     ZeroAdvantageCheck,
 )
+from schemas.config.ingest import IngestSettings
 from schemas.config.judge import JudgeSettings
 from schemas.config.kafka import KafkaSettings
 from schemas.config.lake import LakeSettings, StateSettings
@@ -44,6 +45,7 @@ __all__ = [
     "GatewaySettings",
     "HealthCheckSettings",
     "HealthSettings",
+    "IngestSettings",
     "JudgeSettings",
     "KafkaSettings",
     "KlCheck",

@@ -7,6 +7,7 @@ from pydantic import Field
 from schemas.config.base import Section
 from schemas.config.dagster import DagsterSettings
 from schemas.config.health import HealthSettings
+from schemas.config.ingest import IngestSettings
 from schemas.config.judge import JudgeSettings
 from schemas.config.kafka import KafkaSettings
 from schemas.config.lake import LakeSettings, StateSettings
@@ -22,6 +23,7 @@ class Settings(Section):
     state: StateSettings = Field(default_factory=StateSettings)
     lake: LakeSettings = Field(default_factory=LakeSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     model: ModelSettings = Field(default_factory=ModelSettings)

@@ -15,7 +15,9 @@ the test runs on an in-memory broker and skips the restart, saying so in a warni
 Examples are derandomized (the same ones every run) and not shrunk; a failure prints the workload
 (rollouts, export batches, schedule) and the first differing rows of every comparison. Each workload
 has a second tenant that reuses the first one's ids (``workload.workloads``); the reference keys
-every row by tenant.
+every row by tenant. Half the examples ingest the span topic with two worker processes at once
+(``[ingest] workers = 2``, each owning half the partitions; issue 28): the lake they build must
+equal the replay's, which ingests with one.
 ``LAKE_TEST_EXAMPLES=N`` runs N examples instead of 8.
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from tests.lake.workload import (
     ALL_ASSETS,
@@ -137,12 +140,13 @@ def deliver(w: Workload, broker: Any, settings_: Any, log_dir: Path, problems: l
     suppress_health_check=list(HealthCheck),
     print_blob=False,
 )
-@given(w=workloads())
+@given(w=workloads(), ingest_workers=st.sampled_from((1, 2)))
 def test_incremental_lake_equals_rebuild_and_reference(
-    w: Workload, broker: Any, tokenizer: Path, tmp_path_factory: pytest.TempPathFactory
+    w: Workload, ingest_workers: int, broker: Any, tokenizer: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     root = Path(tempfile.mkdtemp(prefix="example-", dir=tmp_path_factory.getbasetemp()))
-    s = lake_settings(broker.bootstrap, root, tokenizer)
+    s = lake_settings(broker.bootstrap, root, tokenizer, ingest_workers=ingest_workers)
+    print(f"ingest workers: {ingest_workers}")
     t0 = time.monotonic()
     problems: list[str] = []
     deliver(w, broker, s, root, problems)

@@ -808,8 +808,11 @@ class FixedBroker:
         pass
 
 
-def lake_settings(bootstrap: str, root: Path, tokenizer: Path | None, partitions: int = 4) -> Any:
-    """Settings for one example: fresh topics on ``bootstrap``, a fresh lake and state under ``root``."""
+def lake_settings(
+    bootstrap: str, root: Path, tokenizer: Path | None, partitions: int = 4, ingest_workers: int = 1
+) -> Any:
+    """Settings for one example: fresh topics on ``bootstrap``, a fresh lake and state under ``root``;
+    ``ingest_workers`` processes ingest the span topic at once (``[ingest] workers``)."""
     from schemas.config import load_settings
     from tests.topics import fresh_kafka
 
@@ -818,6 +821,7 @@ def lake_settings(bootstrap: str, root: Path, tokenizer: Path | None, partitions
         "state": {"dir": str(root / "state")},
         "lake": {"root": str(root / "lake")},
         "kafka": kafka.model_dump(),
+        "ingest": {"workers": ingest_workers},
     }
     if tokenizer is not None:
         overrides["model"] = {"base": str(tokenizer)}

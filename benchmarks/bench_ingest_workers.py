@@ -1,0 +1,124 @@
+"""Ingestion scaled out: 1 vs N ingest worker processes on the same backlog (issue 28), spans/s and the ratio.
+
+The rollouts are produced once to a topic of ``--partitions`` partitions; each of ``--runs`` rounds
+ingests them into a fresh lake once per configuration (interleaved, so a burst of other load on this
+shared machine hits every configuration alike), and the table shows medians. A configuration is N
+workers (`pipelines.bronze.workers.ingest_workers`, worker processes spawned per run as the Dagster
+asset does) and the decoder processes each worker forks. Two rates per configuration:
+
+* end to end: spans over the call's wall time, worker start-up (a fresh interpreter each) included;
+* steady: spans over the slowest worker's own run, what long-running workers would sustain;
+
+and the CPU seconds all of a configuration's processes spent per 100k spans (decoders included): with
+cores to spare, N workers scale while that stays flat.
+
+    nice -n 10 .venv/bin/python benchmarks/bench_ingest_workers.py --rollouts 20000 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.bench_pipelines import produce_rollouts  # noqa: E402
+from pipelines.bronze.workers import cpu_seconds, decoders_per_worker, ingest_workers  # noqa: E402
+from schemas.config import KafkaSettings  # noqa: E402
+from schemas.lake import Lake  # noqa: E402
+
+
+def one(kafka: KafkaSettings, root: str, workers: int, decoders: int) -> dict[str, Any]:
+    """One ingestion of the whole backlog into a fresh lake by ``workers`` workers."""
+    lake = Lake(tempfile.mkdtemp(prefix=f"w{workers}d{decoders}-", dir=root))
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
+    res = ingest_workers(lake, kafka, "spans", workers=workers, decoders=decoders)
+    wall = time.perf_counter() - t0
+    busiest = max(res.worker_seconds) if res.worker_seconds else res.seconds
+    # one worker runs in this process (its decoders are this process's children); N in worker processes
+    cpu = res.cpu_seconds if res.worker_seconds else cpu_seconds() - cpu0
+    shutil.rmtree(lake.root, ignore_errors=True)
+    return {"rows": res.rows, "wall_s": wall, "busiest_s": busiest, "commits": res.commits, "cpu_s": cpu}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rollouts", type=int, default=20_000)
+    ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workers", default="1,2", help="worker counts to compare; the first is the baseline")
+    ap.add_argument(
+        "--decoders", default="-1,0", help="decoder processes per worker (-1: the default split among workers)"
+    )
+    args = ap.parse_args()
+
+    from agentlake.stack.broker import LocalBroker, ensure_topics
+
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if not bootstrap:
+        broker = LocalBroker().start()
+        bootstrap = broker.bootstrap
+    suffix = str(int(time.time()))
+    kafka = KafkaSettings(
+        bootstrap_servers=bootstrap,
+        spans_topic=f"bench.workers.spans.{suffix}",
+        rewards_topic=f"bench.workers.rewards.{suffix}",
+        partitions=args.partitions,
+    )
+    ensure_topics(kafka, bootstrap, [kafka.spans_topic, kafka.rewards_topic])
+    root = tempfile.mkdtemp(prefix="agentlake-bench-workers-")
+    counts = [int(x) for x in args.workers.split(",")]
+    configs = [(n, int(d)) for d in args.decoders.split(",") for n in counts]
+    got: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
+    try:
+        t0 = time.perf_counter()
+        n_spans = produce_rollouts(kafka, args.rollouts, args.calls, 64, 16)
+        print(f"produced {args.rollouts} rollouts, {n_spans} spans in {time.perf_counter() - t0:.1f}s", flush=True)
+        for i in range(args.runs):
+            for n, d in configs:
+                r = one(kafka, root, n, d)
+                assert r["rows"] == n_spans, f"{r['rows']} rows of {n_spans} spans"
+                got[(n, d)].append(r)
+                print(
+                    f"run {i + 1}, {n} worker(s), decoders {d}: {r['wall_s']:.2f}s wall, "
+                    f"{r['busiest_s']:.2f}s slowest worker, {r['cpu_s']:.1f} CPU s, {r['commits']} commits",
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if broker is not None:
+            broker.stop()
+
+    print(
+        f"\n{args.rollouts:,} rollouts ({n_spans:,} spans) on {args.partitions} partitions, "
+        f"{os.cpu_count()} CPUs, medians of {args.runs} runs"
+    )
+    print(
+        "| workers | decoders each | end to end spans/s | vs 1 worker | steady spans/s | vs 1 worker "
+        "| CPU s per 100k spans |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for n, d in configs:
+        wall = statistics.median(r["wall_s"] for r in got[(n, d)])
+        busy = statistics.median(r["busiest_s"] for r in got[(n, d)])
+        base = got[(counts[0], d)]
+        base_wall = statistics.median(r["wall_s"] for r in base)
+        base_busy = statistics.median(r["busiest_s"] for r in base)
+        cpu = statistics.median(r["cpu_s"] for r in got[(n, d)]) * 100_000 / n_spans
+        each = decoders_per_worker("spans", n, d)
+        print(
+            f"| {n} | {each} | {n_spans / wall:,.0f} | {base_wall / wall:.2f}x | "
+            f"{n_spans / busy:,.0f} | {base_busy / busy:.2f}x | {cpu:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
