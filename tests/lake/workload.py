@@ -822,6 +822,9 @@ def lake_settings(
         "lake": {"root": str(root / "lake")},
         "kafka": kafka.model_dump(),
         "ingest": {"workers": ingest_workers},
+        # No /tokenize check: it would ask whatever vLLM listens on the default port (a user's `make demo`
+        # serving another tokenizer made messages-only calls "mismatch", untrained, and the reference differ).
+        "credit": {"verify_tokens": False},
     }
     if tokenizer is not None:
         overrides["model"] = {"base": str(tokenizer)}
