@@ -343,7 +343,8 @@ def print_peer(ours: dict[str, Any], label: str, peer: dict[str, Any]) -> None:
     print()
     print(
         f"side by side on the same {peer['rollouts']:,} rollouts ({peer['spans']:,} peer spans -> "
-        f"{peer['triplets']:,} triplets, {peer['rewards_matched']:,} final rewards matched); ours: {label}"
+        f"{peer['triplets']:,} triplets; matched: {peer['rewards_matched']:,} final rewards, "
+        f"{peer.get('tokens_matched', 0):,} calls' token ids); ours: {label}"
     )
     print(f"{'measure':<62}{'rollouts/s':>12}{'ours / peer':>13}")
     print(f"{'agentlake spans -> trajectories -> transitions (Delta)':<62}{gold:>12,.0f}")

@@ -137,6 +137,13 @@ def main(path: str) -> dict[str, Any]:
     triplets = sum(len(t) for t in trajectories)
     calls = sum(len(r["calls"]) for r in rollouts)
     rewards_ok = sum(1 for r, t in zip(rollouts, trajectories, strict=True) if t and t[-1].reward == r["final_reward"])
+    # untimed: the triplets hold the very token ids each call was given, so the adapter did the whole work
+    tokens_ok = sum(
+        1
+        for r, t in zip(rollouts, trajectories, strict=True)
+        for c, x in zip(r["calls"], t, strict=False)
+        if x.prompt.get("token_ids") == c["prompt"] and x.response.get("token_ids") == c["response"]
+    )
     return {
         "version": importlib.metadata.version("agentlightning"),
         "rollouts": len(rollouts),
@@ -144,6 +151,7 @@ def main(path: str) -> dict[str, Any]:
         "triplets": triplets,
         "calls": calls,
         "rewards_matched": rewards_ok,
+        "tokens_matched": tokens_ok,
         "encode_s_untimed": encode_s,
         "decode_s": decode_s,
         "adapt_s": adapt_s,
