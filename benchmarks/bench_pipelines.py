@@ -126,7 +126,7 @@ def produce_rollouts(
         for piece in pieces:
             rec = span_record(piece)
             producer.send(kafka.spans_topic, key=rec["key"], value=rec["value"], headers=rec["headers"])
-    producer.flush(120)
+    producer.flush(900)  # a loaded machine drains a long backlog slowly
     producer.close()
     return n_spans
 
