@@ -16,6 +16,10 @@ holds the others, so its peak memory shows what the table's size costs a run.
 ``--lake-rollouts 100000,1000000``: the same increment once more onto lakes of those sizes, built
 straight to Delta (`benchmarks/lake_builder.py`), and on the largest the README's DuckDB queries and
 ``agentlake forget`` of one rollout (docs/benchmarks.md, "An increment on a big lake").
+
+``--peer``: then Agent Lightning 0.3.0's own adapter on the steady increment's rollouts (the first
+round's without ``--grow``), in the benchmark's own venv (``benchmarks/peer_agentlightning.py``), its
+rollouts/s printed next to ours with the ratio.
 """
 
 from __future__ import annotations
