@@ -16,6 +16,10 @@ holds the others, so its peak memory shows what the table's size costs a run.
 ``--lake-rollouts 100000,1000000``: the same increment once more onto lakes of those sizes, built
 straight to Delta (`benchmarks/lake_builder.py`), and on the largest the README's DuckDB queries and
 ``agentlake forget`` of one rollout (docs/benchmarks.md, "An increment on a big lake").
+
+``--peer``: then Agent Lightning 0.3.0's own adapter on the steady increment's rollouts (the first
+round's without ``--grow``), in the benchmark's own venv (``benchmarks/peer_agentlightning.py``), its
+rollouts/s printed next to ours with the ratio.
 """
 
 from __future__ import annotations
@@ -82,11 +86,14 @@ def produce_rollouts(
     *,
     first: int = 0,
     split: bool = False,
+    keep: list[dict[str, Any]] | None = None,
+    keep_from: int = 0,
 ) -> int:
     """Spans through the real OTel SDK, encoded as the collector does, produced with kafka-python.
 
     ``split``: as the OTel ``BatchSpanProcessor`` sends a long rollout: its id on the root span
     only, the children in two earlier records (keyed by trace id) and the root last.
+    ``keep``: append each rollout from number ``keep_from`` on (ids, token ids, reward) for the peer.
     """
     from kafka import KafkaProducer
 
@@ -109,13 +116,21 @@ def produce_rollouts(
             final_reward=float(rng.random() < 0.5),
             ids_on_root_only=split,
         )
+        if keep is not None and i >= keep_from:
+            keep.append(
+                {
+                    "rollout_id": r.rollout_id,
+                    "calls": [{"prompt": c.prompt, "response": c.response} for c in cs],
+                    "final_reward": r.final_reward,
+                }
+            )
         spans = make_spans(r)
         n_spans += len(spans)
         pieces = [spans[:-1][0::2], spans[:-1][1::2], spans[-1:]] if split else [spans]
         for piece in pieces:
             rec = span_record(piece)
             producer.send(kafka.spans_topic, key=rec["key"], value=rec["value"], headers=rec["headers"])
-    producer.flush(120)
+    producer.flush(900)  # a loaded machine drains a long backlog slowly
     producer.close()
     return n_spans
 
@@ -143,6 +158,12 @@ def main() -> None:
         "each size, built straight to Delta from copies of the first round's lake (benchmarks/lake_builder.py)",
     )
     ap.add_argument("--per-day", type=int, default=30_000, help="rollouts a day in the built lakes")
+    ap.add_argument(
+        "--peer",
+        action="store_true",
+        help="then run Agent Lightning 0.3.0's adapter on the last increment's rollouts in benchmarks/.venv-peer "
+        "(made if missing; benchmarks/peer_agentlightning.py) and print its rollouts/s next to ours",
+    )
     args = ap.parse_args()
 
     from agentlake.stack.broker import LocalBroker, ensure_topics
@@ -162,10 +183,18 @@ def main() -> None:
     grown: dict[str, Any] | None = None
     sized: list[tuple[int, dict[str, Any]]] = []
     steady: dict[str, Any] | None = None
+    peer: dict[str, Any] | None = None
+    kept: list[dict[str, Any]] | None = [] if args.peer else None
     try:
         t0 = time.perf_counter()
         n_spans = produce_rollouts(
-            kafka, args.rollouts, args.calls, args.prompt_len, args.response_len, split=args.split
+            kafka,
+            args.rollouts,
+            args.calls,
+            args.prompt_len,
+            args.response_len,
+            split=args.split,
+            keep=kept if args.grow <= 1 else None,
         )
         print(f"produced {args.rollouts} rollouts, {n_spans} spans in {time.perf_counter() - t0:.1f}s", flush=True)
         for i in range(args.runs):
@@ -195,7 +224,15 @@ def main() -> None:
         if args.grow > 1:
             more = (args.grow - 1) * args.rollouts
             produce_rollouts(
-                kafka, more, args.calls, args.prompt_len, args.response_len, first=args.rollouts, split=args.split
+                kafka,
+                more,
+                args.calls,
+                args.prompt_len,
+                args.response_len,
+                first=args.rollouts,
+                split=args.split,
+                keep=kept,
+                keep_from=more,  # the steady increment: the last --rollouts
             )
             grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
             # the steady state: the last --rollouts arrive on a lake that already holds the rest
@@ -203,6 +240,8 @@ def main() -> None:
             records_before = more * (3 if args.split else 1)
             in_child(lambda: _fill(base, kafka, -(-records_before // args.batch_records), args))
             steady = one_round(kafka, base, os.path.join(root, "steady-scratch"), args)
+        if kept:
+            peer = run_peer_on(kept, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if broker is not None:
@@ -272,6 +311,51 @@ def main() -> None:
                 f"{label:<24}{r['ingest_rss_mb']:>9.0f} (+{r['ingest_work_mb']:.0f}){r['gold_rss_mb']:>9.0f} "
                 f"(+{r['gold_work_mb']:.0f}){r['spans_s']:>12,.0f}{r['roll_s']:>12,.0f}"
             )
+    if peer is not None:
+        if steady is not None and grown is not None:
+            print_peer(
+                steady, f"{steady['rollouts']:,} new on a lake of {grown['rollouts'] - steady['rollouts']:,}", peer
+            )
+        else:
+            print_peer(rounds[-1], f"the last round, {last['rollouts']:,} onto an empty lake", peer)
+
+
+def run_peer_on(rollouts: list[dict[str, Any]], root: str) -> dict[str, Any]:
+    """Agent Lightning's adapter on these rollouts, in its own venv (benchmarks/peer_agentlightning.py)."""
+    import json
+
+    from benchmarks.peer_agentlightning import run_peer
+
+    path = os.path.join(root, "peer-rollouts.jsonl")
+    with open(path, "w") as f:
+        for r in rollouts:
+            f.write(json.dumps(r) + "\n")
+    result = run_peer(path)
+    print(
+        f"peer: Agent Lightning {result['version']} on {result['rollouts']:,} rollouts: "
+        f"adapt {result['adapt_rollouts_s']:,.0f} rollouts/s, decode + adapt {result['decode_adapt_rollouts_s']:,.0f}",
+        flush=True,
+    )
+    return result
+
+
+def print_peer(ours: dict[str, Any], label: str, peer: dict[str, Any]) -> None:
+    """Our rates next to the peer's on the same rollouts, with the ratios."""
+    gold = ours["roll_s"]
+    from_kafka = ours["rollouts"] / (ours["ingest_s"] + ours["traj_s"] + ours["trans_s"])
+    adapt, both = peer["adapt_rollouts_s"], peer["decode_adapt_rollouts_s"]
+    print()
+    print(
+        f"side by side on the same {peer['rollouts']:,} rollouts ({peer['spans']:,} peer spans -> "
+        f"{peer['triplets']:,} triplets; matched: {peer['rewards_matched']:,} final rewards, "
+        f"{peer.get('tokens_matched', 0):,} calls' token ids); ours: {label}"
+    )
+    print(f"{'measure':<62}{'rollouts/s':>12}{'ours / peer':>13}")
+    print(f"{'agentlake spans -> trajectories -> transitions (Delta)':<62}{gold:>12,.0f}")
+    peer_adapt = f"Agent Lightning {peer['version']} TracerTraceToTriplet.adapt (memory)"
+    print(f"{peer_adapt:<62}{adapt:>12,.0f}{gold / adapt:>13.1f}")
+    print(f"{'agentlake Kafka -> spans -> transitions':<62}{from_kafka:>12,.0f}")
+    print(f"{'Agent Lightning OTLP decode (its store) + adapt':<62}{both:>12,.0f}{from_kafka / both:>13.1f}")
 
 
 QUERIES = {  # README / docs/tables.md, and one rollout by id
