@@ -102,7 +102,9 @@ def _ask(
 
 
 def _client(server: VllmServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600
+    )  # CPU vLLM on a loaded machine
 
 
 @pytest.mark.parametrize("name", list(LIBRARIES))
