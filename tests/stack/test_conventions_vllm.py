@@ -102,9 +102,8 @@ def _ask(
 
 
 def _client(server: VllmServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600
-    )  # CPU vLLM on a loaded machine
+    """The real OpenAI client on the session's vLLM; a long timeout: CPU vLLM on a loaded machine is slow."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
 
 
 @pytest.mark.parametrize("name", list(LIBRARIES))
