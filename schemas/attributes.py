@@ -85,6 +85,17 @@ AGL_ROLLOUT_ID = "agentlightning.rollout_id"
 AGL_ATTEMPT_ID = "agentlightning.attempt_id"
 AGL_PROMPT_TOKEN_IDS = "prompt_token_ids"  # written by Agent Lightning's LLM proxy
 AGL_RESPONSE_TOKEN_IDS = "response_token_ids"
+# its Weave tracer flattens the call's output object under this prefix (agentlightning 0.2's
+# adapter/triplet.py reads these): the ids of old vLLM's patched answer, of vLLM >= 0.10.2's
+# ``return_token_ids`` choice, and of that choice through LiteLLM
+AGL_WEAVE_OUTPUT = "agentlightning.operation.output."
+AGL_WEAVE_PROMPT_TOKEN_IDS = f"{AGL_WEAVE_OUTPUT}prompt_token_ids"
+AGL_WEAVE_RESPONSE_TOKEN_IDS: tuple[str, ...] = (
+    f"{AGL_WEAVE_OUTPUT}response_token_ids.0",
+    f"{AGL_WEAVE_OUTPUT}choices.0.token_ids",
+    f"{AGL_WEAVE_OUTPUT}choices.0.provider_specific_fields.token_ids",
+)
+AGL_WEAVE_RESPONSE_ID = f"{AGL_WEAVE_OUTPUT}id"
 AGL_REWARD_VALUE_SUFFIX = "value"  # agentlightning.reward.{i}.value
 AGL_REWARD_NAME_SUFFIX = "name"  # agentlightning.reward.{i}.name
 AGL_LEGACY_REWARD = "reward"  # older Agent Lightning reward spans carry a bare "reward" attribute
@@ -96,7 +107,11 @@ SERVICE_NAME = "service.name"
 AGENT_NAME_KEYS: tuple[str, ...] = (AGENT_NAME, GEN_AI_AGENT_NAME, OI_AGENT_NAME)
 ROLLOUT_ID_KEYS: tuple[str, ...] = (ROLLOUT_ID, AGL_ROLLOUT_ID)
 ATTEMPT_ID_KEYS: tuple[str, ...] = (ATTEMPT_ID, AGL_ATTEMPT_ID)
-PROMPT_TOKEN_IDS_KEYS: tuple[str, ...] = (LLM_PROMPT_TOKEN_IDS, AGL_PROMPT_TOKEN_IDS)
-COMPLETION_TOKEN_IDS_KEYS: tuple[str, ...] = (LLM_COMPLETION_TOKEN_IDS, AGL_RESPONSE_TOKEN_IDS)
+PROMPT_TOKEN_IDS_KEYS: tuple[str, ...] = (LLM_PROMPT_TOKEN_IDS, AGL_PROMPT_TOKEN_IDS, AGL_WEAVE_PROMPT_TOKEN_IDS)
+COMPLETION_TOKEN_IDS_KEYS: tuple[str, ...] = (
+    LLM_COMPLETION_TOKEN_IDS,
+    AGL_RESPONSE_TOKEN_IDS,
+    *AGL_WEAVE_RESPONSE_TOKEN_IDS,
+)
 RESPONSE_ID_KEYS: tuple[str, ...] = (LLM_RESPONSE_ID, GEN_AI_RESPONSE_ID)
 MODEL_KEYS: tuple[str, ...] = (LLM_SERVED_MODEL, GEN_AI_RESPONSE_MODEL, GEN_AI_REQUEST_MODEL, OI_LLM_MODEL_NAME)

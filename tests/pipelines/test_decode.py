@@ -151,6 +151,7 @@ BAD_TOKENS: list[tuple[str, AnyValue]] = [
     (A.AGL_PROMPT_TOKEN_IDS, AnyValue(string_value="[1, true]")),
     (A.AGL_PROMPT_TOKEN_IDS, AnyValue(string_value="not json")),
     (A.AGL_PROMPT_TOKEN_IDS, AnyValue(int_value=5)),
+    (A.AGL_WEAVE_RESPONSE_TOKEN_IDS[1], _int_values([3, -2])),
     (A.LLM_PROMPT_TOKEN_IDS, AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="1")]))),
     (A.LLM_COMPLETION_LOGPROBS, _doubles([-0.5, float("nan")])),  # clean doubles: the batch pass sees the NaN
     (A.LLM_COMPLETION_LOGPROBS, AnyValue(string_value="[-0.5, NaN]")),
@@ -185,6 +186,22 @@ def test_clean_token_arrays_pass_the_rule_and_decode() -> None:
     assert row["prompt_token_ids"] == [0, 5, 2**31 - 1] and row["completion_token_ids"] == [7, 8]
     assert row["completion_logprobs"] == [-0.5, float("-inf")]
     assert row["redacted"] is None  # decoding alone does not redact: ingestion does
+
+
+@pytest.mark.parametrize("completion_key", A.AGL_WEAVE_RESPONSE_TOKEN_IDS)
+def test_agent_lightning_weave_tracer_ids_decode(completion_key: str) -> None:
+    """Agent Lightning's Weave tracer flattens the call's output: its ids and response id are read (they
+    were dropped before; `tests/stack/test_conventions_vllm.py` checks them against real vLLM)."""
+    attrs = {
+        A.AGL_WEAVE_PROMPT_TOKEN_IDS: _int_values([1, 2, 3]),
+        completion_key: _int_values([4, 5]),
+        A.AGL_WEAVE_RESPONSE_ID: AnyValue(string_value="chatcmpl-7"),
+    }
+    batch = SpanBatch()
+    assert batch.add(KafkaRecord("t", 0, 0, b"k", _llm_span(attrs), [])) == 1
+    (row,) = batch.to_table().to_pylist()
+    assert (row["prompt_token_ids"], row["completion_token_ids"]) == ([1, 2, 3], [4, 5])
+    assert row["llm_response_id"] == "chatcmpl-7"
 
 
 def test_deeply_nested_openinference_output_is_no_response_id() -> None:
