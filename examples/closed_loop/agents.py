@@ -30,6 +30,9 @@ class AgentKit:
     train_tasks: Callable[[int, int, str], list[Any]]  # (n, seed, id prefix) -> tasks, the same for the same seed
     heldout_tasks: Callable[[int], list[Any]]  # n -> the fixed held-out set, never drawn for training
     run_batch: RunBatch  # (base_url, tasks, model=, concurrency=, temperature=, ...) -> results in task order
+    # Sequences per trainer micro-batch, when this agent's rows need fewer than the default at once (the same
+    # batch by gradient accumulation); None: the settings' own.
+    micro_batch: int | None = None
 
 
 # The math kinds where the base policy is right only some of the time at its serving temperature:
@@ -82,6 +85,10 @@ def _tools() -> AgentKit:
         train_tasks=lambda n, seed, prefix: make_math_tasks(n, seed=seed, prefix=prefix, kinds=TRAIN_KINDS),
         heldout_tasks=lambda n: make_math_tasks(n, seed=HELD_OUT_SEED, prefix="heldout", kinds=HELD_OUT_KINDS),
         run_batch=run_batch,
+        # Its rows hold the tool definitions, a worked tool call and the call's result (~500 tokens): 8 of
+        # them at once peaked near 10 GB in the trainer (its logits over a 49k vocabulary) and were killed
+        # for memory on a 24 GB machine running a vLLM next to it.
+        micro_batch=2,
     )
 
 

@@ -294,6 +294,10 @@ def run_closed_loop(
     settings.trainer.learning_rate = plan.learning_rate
     settings.trainer.epochs = plan.epochs
     settings.trainer.seed = plan.seed
+    if kit.micro_batch is not None and kit.micro_batch < settings.trainer.batch_size:
+        steps = -(-settings.trainer.batch_size // kit.micro_batch)  # the same batch, in smaller steps
+        settings.trainer.grad_accum *= steps
+        settings.trainer.batch_size = kit.micro_batch
     if plan.traffic == "production":
         # One sample per task: no group to compare with, so a running baseline per agent; a rollout
         # whose reward never comes is dropped once the horizon has passed.
