@@ -36,12 +36,13 @@ def test_pause_resume_state(kafka_settings: KafkaSettings, tmp_path: Path) -> No
         [sys.executable, "-m", "collectors.gateway"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 120  # a process start takes seconds, and a minute on a machine at load 25
+        while True:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the gateway never answered /health"
                 time.sleep(0.2)
         paused = _cli(env, "pause", "--wait", "1")
         assert paused.returncode == 0, paused.stdout + paused.stderr

@@ -841,6 +841,7 @@ def settings_env(settings: Any) -> dict[str, str]:
         "AGENTLAKE_KAFKA__PARTITIONS": str(settings.kafka.partitions),
         "AGENTLAKE_STATE_DIR": str(settings.state.dir),
         "AGENTLAKE_LAKE": settings.lake.root,
+        "AGENTLAKE_CREDIT__VERIFY_TOKENS": str(settings.credit.verify_tokens).lower(),
     }
     if os.path.isdir(str(settings.model.base)):
         env["AGENTLAKE_MODEL__BASE"] = str(settings.model.base)
