@@ -7,8 +7,9 @@ what makes reruns exactly-once: the table itself says what it already holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
@@ -87,14 +88,31 @@ class Lake:
             return None
         return pl.scan_delta(dt)
 
-    def compact(self, name: str) -> dict[str, Any] | None:
+    def compact(self, name: str, *, days: Sequence[date] | None = None, attempts: int = 3) -> dict[str, Any] | None:
         """Rewrite small files into large ones (a Delta ``optimize``); None when the table does not exist.
 
         Rows keep their ids and values, and a compaction commit sets no app transaction, so the source
-        positions and the trainer's consumption are unchanged.
+        positions and the trainer's consumption are unchanged. ``days``: only those ``day`` partitions
+        (a table partitioned by day), so the cost is those days' traffic, not the table's. A commit
+        refused because a pipeline run rewrote files the compaction read is compacted again on the
+        newer snapshot, up to ``attempts`` times in all; the last refusal propagates.
         """
-        dt = self.table(name)
-        return None if dt is None else dt.optimize.compact()
+        table = self.table(name)
+        if table is None:
+            return None
+        filters = None
+        if days is not None:
+            if PARTITION_COLUMNS[base_table(name) or name] != ["day"]:
+                raise LakeError(f"{name} is not partitioned by day: compact it whole")
+            filters = [("day", "in", sorted({d.isoformat() for d in days}))]
+        for attempt in range(max(1, attempts)):
+            try:
+                return dict(table.optimize.compact(partition_filters=filters))
+            except CommitFailedError:
+                if attempt + 1 >= max(1, attempts):
+                    raise
+                table.update_incremental()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def vacuum(self, name: str, *, retention_hours: int = VACUUM_RETENTION_HOURS, dry_run: bool = False) -> list[str]:
         """Delete files no snapshot newer than ``retention_hours`` reads; return them (``dry_run``: only list).

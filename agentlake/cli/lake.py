@@ -218,10 +218,31 @@ def _tables(table: str) -> list[str]:
 @handle_errors
 def compact(
     table: str = typer.Option("all", "--table", help="a table name, or all"),
+    recent_days: int | None = typer.Option(
+        None,
+        "--recent-days",
+        min=1,
+        help="only the newest N day partitions of the day-partitioned tables (what the hourly schedule runs)",
+    ),
     config: str | None = ConfigOption,
 ) -> None:
     """Rewrite each table's small files into large ones (Delta optimize); rows and positions are unchanged."""
     _, lake = _lake(config)
+    if recent_days is not None:
+        from pipelines.lake.compaction import DAY_TABLES, compact_recent
+        from schemas.tables import base_table
+
+        names = None if table == "all" else _tables(table)
+        if names is not None and any(base_table(n) not in DAY_TABLES for n in names):
+            raise typer.BadParameter(f"--recent-days needs a table partitioned by day: {', '.join(DAY_TABLES)}")
+        done = compact_recent(lake, days=recent_days, tables=names)
+        for name in sorted(done.files_removed):
+            console.print(
+                f"{name}: {done.files_removed[name]} files -> {done.files_added[name]} (version {lake.version(name)})"
+            )
+        for name, why in sorted(done.refused.items()):
+            console.print(f"{name}: refused by concurrent commits, not compacted ({why})")
+        return
     for name in _tables(table):
         metrics = lake.compact(name)
         if metrics is None:

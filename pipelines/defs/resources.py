@@ -62,7 +62,8 @@ def _resolved(value: str) -> str:
 
 class LakeResource(ConfigurableResource):
     """The lake's client: hands out the ``Lake`` (a folder or an object-store URI plus storage options)
-    and knows how long each table keeps its rows (``retention_days``, the nightly maintenance's).
+    and knows how long each table keeps its rows (``retention_days``, the nightly maintenance's) and how
+    many recent days the hourly compaction rewrites (``compact_days``).
 
     From settings (``resources_from_settings``): under `agentlake up` the stack's lake (by default the
     local object store's bucket, its options in ``AGENTLAKE_LAKE__STORAGE_OPTIONS``). ``unavailable``
@@ -75,6 +76,7 @@ class LakeResource(ConfigurableResource):
     secret_options: str = ""
     unavailable: str = ""
     retention_days: dict[str, int] = {}
+    compact_days: int = 2
 
     def options(self) -> dict[str, str]:
         """Every storage option, the secret ones included."""
@@ -291,6 +293,7 @@ def resources_from_settings(settings: Settings | None = None) -> dict[str, Confi
         secret_options=secret_env("lake", "storage_options", json.dumps(secret_options)) if secret_options else "",
         unavailable=s.lake.unavailable or "",
         retention_days=dict(s.lake.retention_days),
+        compact_days=s.lake.compact_days,
     )
     kafka = KafkaResource(
         bootstrap_servers=s.kafka.bootstrap_servers,  # explicit, else the running `agentlake up`

@@ -41,6 +41,11 @@ class LakeSettings(Section):
     # The nightly maintenance job deletes older rows, records it in `deletions`, then compacts and
     # vacuums. A table not named (and the default, empty) keeps its rows forever.
     retention_days: dict[str, int] = Field(default_factory=dict)
+    # The hourly compaction (`compact_recent` job): the cron it runs on and how many of the newest day
+    # partitions it compacts in each day-partitioned table, so a busy day's small files stay few
+    # between the nightly maintenance runs (docs/capacity.md). Switch the schedule off in Dagster's UI.
+    compact_cron: str = "30 * * * *"
+    compact_days: int = Field(2, ge=1, le=31)
     # Set by ``load_settings``: the root is the local stack's lake (not a user's), and, when that lake is
     # in a local object store that does not answer, why it cannot be used now.
     _local: bool = PrivateAttr(default=False)
@@ -55,6 +60,19 @@ class LakeSettings(Section):
     def unavailable(self) -> str | None:
         """Why the lake cannot be reached now (its local object store is stopped), else None."""
         return self._unavailable or None
+
+    @field_validator("compact_cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        try:  # Dagster's own check, where Dagster is installed (the stack); the SDK alone never schedules
+            from dagster._utils.schedules import is_valid_cron_string
+        except ImportError:  # pragma: no cover - the agent SDK without the stack extra
+            return v
+        if not is_valid_cron_string(v):
+            raise ValueError(
+                f"{v!r} is not a cron expression (five fields, e.g. '30 * * * *': minute 30 of every hour)"
+            )
+        return v
 
     @field_validator("retention_days")
     @classmethod
