@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_pipelines import produce_rollouts  # noqa: E402
+from benchmarks.bench_pipelines import bench_topics, produce_rollouts  # noqa: E402
 from pipelines.bronze.workers import cpu_seconds, decoders_per_worker, ingest_workers  # noqa: E402
 from schemas.config import KafkaSettings  # noqa: E402
 from schemas.lake import Lake  # noqa: E402
@@ -59,21 +59,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from agentlake.stack.broker import LocalBroker, ensure_topics
-
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
-    if not bootstrap:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap
-    suffix = str(int(time.time()))
-    kafka = KafkaSettings(
-        bootstrap_servers=bootstrap,
-        spans_topic=f"bench.workers.spans.{suffix}",
-        rewards_topic=f"bench.workers.rewards.{suffix}",
-        partitions=args.partitions,
-    )
-    ensure_topics(kafka, bootstrap, [kafka.spans_topic, kafka.rewards_topic])
+    kafka, broker = bench_topics("bench.workers", args.partitions)
     root = tempfile.mkdtemp(prefix="agentlake-bench-workers-")
     counts = [int(x) for x in args.workers.split(",")]
     configs = [(n, int(d)) for d in args.decoders.split(",") for n in counts]

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,6 +49,9 @@ from pipelines.gold.transitions_step import update_transitions  # noqa: E402
 from pipelines.silver.trajectories_step import update_trajectories  # noqa: E402
 from schemas.config import CreditSettings, KafkaSettings  # noqa: E402
 from schemas.lake import Lake  # noqa: E402
+
+if TYPE_CHECKING:
+    from agentlake.stack.broker import LocalBroker
 
 
 def _rss_mb() -> float:
@@ -135,6 +138,28 @@ def produce_rollouts(
     return n_spans
 
 
+def bench_topics(prefix: str, partitions: int | None = None) -> tuple[KafkaSettings, LocalBroker | None]:
+    """Fresh span and reward topics named ``<prefix>.spans.<time>``, on $KAFKA_BOOTSTRAP_SERVERS or else on
+    a local broker started here (returned, for the caller to stop)."""
+    from agentlake.stack.broker import LocalBroker, ensure_topics
+
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if not bootstrap:
+        broker = LocalBroker().start()
+        bootstrap = broker.bootstrap
+    suffix = str(int(time.time()))
+    extra = {} if partitions is None else {"partitions": partitions}
+    kafka = KafkaSettings(
+        bootstrap_servers=bootstrap,
+        spans_topic=f"{prefix}.spans.{suffix}",
+        rewards_topic=f"{prefix}.rewards.{suffix}",
+        **extra,
+    )
+    ensure_topics(kafka, bootstrap, [kafka.spans_topic, kafka.rewards_topic])
+    return kafka, broker
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=10_000)
@@ -166,18 +191,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from agentlake.stack.broker import LocalBroker, ensure_topics
-
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
-    if not bootstrap:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap
-    suffix = str(int(time.time()))
-    kafka = KafkaSettings(
-        bootstrap_servers=bootstrap, spans_topic=f"bench.spans.{suffix}", rewards_topic=f"bench.rewards.{suffix}"
-    )
-    ensure_topics(kafka, bootstrap, [kafka.spans_topic, kafka.rewards_topic])
+    kafka, broker = bench_topics("bench")
     root = tempfile.mkdtemp(prefix="agentlake-bench-")
     rounds: list[dict[str, Any]] = []
     grown: dict[str, Any] | None = None

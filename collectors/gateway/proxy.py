@@ -285,23 +285,11 @@ class Gateway:
         self._enter()
         streaming = False
         try:
-            req = self.client.build_request(
-                "POST",
-                upstream + path,
-                content=json.dumps(upstream_body(body, kind), separators=(",", ":")).encode(),
-                headers=self._headers(request, traceparent(base.trace_id, base.span_id)),
-            )
-            try:
-                resp = await self.client.send(req, stream=True)
-            except httpx.TimeoutException as exc:
-                return self._failed(base, 504, f"upstream {upstream} timed out: {exc}")
-            except httpx.TransportError as exc:
-                return self._failed(base, 502, f"upstream {upstream} is unreachable: {exc}")
+            resp = await self._send(request, base, upstream + path, upstream_body(body, kind))
+            if isinstance(resp, Response):
+                return resp
             if resp.status_code != 200 or not base.streamed:
-                content = await resp.aread()
-                await resp.aclose()
-                base.end_ns, base.status_code = time.time_ns(), resp.status_code
-                media = resp.headers.get("content-type", "application/json")
+                content, media = await self._whole(resp, base)
                 if resp.status_code != 200:
                     base.error = content[:500].decode(errors="replace")
                     self.recorder.record([base])
@@ -349,23 +337,11 @@ class Gateway:
         self._enter()
         streaming = False
         try:
-            req = self.client.build_request(
-                "POST",
-                upstream + "/v1/responses",
-                content=json.dumps(responses_api.upstream_body(body), separators=(",", ":")).encode(),
-                headers=self._headers(request, traceparent(base.trace_id, base.span_id)),
-            )
-            try:
-                resp = await self.client.send(req, stream=True)
-            except httpx.TimeoutException as exc:
-                return self._failed(base, 504, f"upstream {upstream} timed out: {exc}")
-            except httpx.TransportError as exc:
-                return self._failed(base, 502, f"upstream {upstream} is unreachable: {exc}")
+            resp = await self._send(request, base, upstream + "/v1/responses", responses_api.upstream_body(body))
+            if isinstance(resp, Response):
+                return resp
             if resp.status_code != 200 or not base.streamed:
-                content = await resp.aread()
-                await resp.aclose()
-                base.end_ns, base.status_code = time.time_ns(), resp.status_code
-                media = resp.headers.get("content-type", "application/json")
+                content, media = await self._whole(resp, base)
                 try:
                     data = json.loads(content) if resp.status_code == 200 else None
                 except ValueError:
@@ -381,6 +357,33 @@ class Gateway:
         finally:
             if not streaming:
                 self._leave()
+
+    async def _send(
+        self, request: Request, base: LlmCall, url: str, payload: dict[str, Any]
+    ) -> httpx.Response | Response:
+        """POST ``payload`` to ``url``, the answer streamed; a timeout is 504 and an unreachable upstream
+        502, each recorded as the call's failure."""
+        req = self.client.build_request(
+            "POST",
+            url,
+            content=json.dumps(payload, separators=(",", ":")).encode(),
+            headers=self._headers(request, traceparent(base.trace_id, base.span_id)),
+        )
+        upstream = base.upstream
+        try:
+            return await self.client.send(req, stream=True)
+        except httpx.TimeoutException as exc:
+            return self._failed(base, 504, f"upstream {upstream} timed out: {exc}")
+        except httpx.TransportError as exc:
+            return self._failed(base, 502, f"upstream {upstream} is unreachable: {exc}")
+
+    @staticmethod
+    async def _whole(resp: httpx.Response, base: LlmCall) -> tuple[bytes, str]:
+        """The whole body of an answer not relayed as a stream, and its media type; the call ends here."""
+        content = await resp.aread()
+        await resp.aclose()
+        base.end_ns, base.status_code = time.time_ns(), resp.status_code
+        return content, resp.headers.get("content-type", "application/json")
 
     async def _relay_events(self, resp: httpx.Response, base: LlmCall, asked: bool) -> AsyncIterator[bytes]:
         """A Responses stream relayed line by line (``event:`` lines too); the call is recorded from the

@@ -1,4 +1,4 @@
-"""Test helpers: run a CollectorServer in a background thread, read topics back from Kafka."""
+"""Test helpers: run a CollectorServer in a background thread, read topics back from Kafka, decode a sink."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collectors.receivers import CollectorServer
-from collectors.sink import RecordSink
+from collectors.sink import MemorySink, RecordSink
 from schemas.config import KafkaSettings, Settings
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 class LoopThread:
@@ -100,3 +103,18 @@ def spans_of(records: list[Any]) -> list[tuple[str, str]]:
 
 def headers_of(record: Any) -> dict[str, str]:
     return {k: v.decode() for k, v in record.headers}
+
+
+def span_rows(sink: MemorySink) -> pl.DataFrame:
+    """The `spans` rows bronze decodes from what a gateway or collector wrote to ``sink`` (none quarantined)."""
+    import polars as pl
+
+    from pipelines.bronze.decoding import KafkaRecord, SpanBatch
+
+    batch = SpanBatch()
+    for offset, record in enumerate(sink.records):
+        batch.add(KafkaRecord("agentlake.spans.v1", 0, offset, None, record.value, []))
+    assert not batch.quarantine, batch.quarantine
+    frame = pl.from_arrow(batch.to_table())
+    assert isinstance(frame, pl.DataFrame)
+    return frame

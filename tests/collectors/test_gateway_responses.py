@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import httpx
-import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,8 +15,8 @@ from hypothesis import strategies as st
 from collectors.gateway import responses_api as R
 from collectors.gateway.proxy import Gateway
 from collectors.sink import MemorySink
-from pipelines.bronze.decoding import KafkaRecord, SpanBatch
 from schemas.config import load_settings
+from tests.collectors.helpers import span_rows
 from tests.collectors.responses_items import TOOL, responses_request
 from tests.collectors.test_gateway import anyio_backend, client_for, settle
 
@@ -149,16 +148,6 @@ def _upstream(seen: list[dict[str, Any]]) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.MockTransport(handle))
 
 
-def _rows(sink: MemorySink) -> pl.DataFrame:
-    batch = SpanBatch()
-    for offset, record in enumerate(sink.records):
-        batch.add(KafkaRecord("agentlake.spans.v1", 0, offset, None, record.value, []))
-    assert not batch.quarantine
-    frame = pl.from_arrow(batch.to_table())
-    assert isinstance(frame, pl.DataFrame)
-    return frame
-
-
 @pytest.mark.anyio
 async def test_a_responses_call_is_recorded_like_a_chat_call_streamed_or_not() -> None:
     seen: list[dict[str, Any]] = []
@@ -180,7 +169,7 @@ async def test_a_responses_call_is_recorded_like_a_chat_call_streamed_or_not() -
     assert streamed.text.count("event: ") == 3 and '"input_messages"' not in streamed.text
     assert all(s["enable_response_messages"] is True for s in seen)
     await settle(gateway)
-    rows = _rows(sink)
+    rows = span_rows(sink)
     assert rows.height == 2 and rows["rollout_id"].to_list() == ["r1", "r1"]
     for row in rows.iter_rows(named=True):
         assert list(row["prompt_token_ids"]) == [5, 6, 7] and list(row["completion_token_ids"]) == [8, 2]

@@ -27,11 +27,11 @@ from collectors.sink import MemorySink
 from examples.tool_agents import calculator_tool as calc
 from examples.tool_agents import openai_agents
 from examples.tool_agents.plumbing import heldout_tasks
-from pipelines.bronze.decoding import KafkaRecord, SpanBatch
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.transitions import build
 from pipelines.silver.trajectories import assemble
 from schemas.config import CreditSettings, load_settings
+from tests.collectors.helpers import span_rows
 from tests.collectors.responses_items import TOOL, responses_request
 from tests.examples.test_tool_agents import decode
 from tests.fixtures_vllm import VllmServer
@@ -65,16 +65,6 @@ def test_converted_items_render_the_prompt_vllm_served(vllm_server: VllmServer, 
         check()
     finally:
         client.close()
-
-
-def _rows(sink: MemorySink) -> pl.DataFrame:
-    batch = SpanBatch()
-    for offset, record in enumerate(sink.records):
-        batch.add(KafkaRecord("agentlake.spans.v1", 0, offset, None, record.value, []))
-    assert not batch.quarantine
-    frame = pl.from_arrow(batch.to_table())
-    assert isinstance(frame, pl.DataFrame)
-    return frame
 
 
 def test_a_tool_call_through_the_gateway_is_recorded_the_same_streamed_or_not(
@@ -112,7 +102,7 @@ def test_a_tool_call_through_the_gateway_is_recorded_the_same_streamed_or_not(
     assert 400 <= refused.status_code < 500 and "no_such_item" in refused.text
     assert [i["type"] for i in plain.json()["output"]] == ["function_call"]
     assert "response.completed" in streamed.text and "input_messages" not in plain.json()
-    rows = _rows(sink).filter(pl.col("rollout_id") == "r-1")
+    rows = span_rows(sink).filter(pl.col("rollout_id") == "r-1")
     assert rows.height == 2
     recorded = []
     for row in rows.iter_rows(named=True):
@@ -148,7 +138,7 @@ def test_the_agents_sdk_on_the_responses_api_through_the_gateway_gives_exact_tra
             await gateway.close()
         return list(exporter.get_finished_spans())
 
-    agent_rows, spans = decode(asyncio.run(run())), _rows(sink)
+    agent_rows, spans = decode(asyncio.run(run())), span_rows(sink)
     assert spans.height >= 2
     assert all(json.loads(t)[0]["function"]["name"] == calc.TOOL_NAME for t in spans["tools"])
     for row in spans.iter_rows(named=True):  # the worked example's call is in every history, as a tool call

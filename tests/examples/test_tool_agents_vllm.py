@@ -25,11 +25,11 @@ from collectors.gateway.routes import create_app
 from collectors.sink import MemorySink
 from examples.tool_agents import calculator_tool as calc
 from examples.tool_agents.plumbing import heldout_tasks
-from pipelines.bronze.decoding import KafkaRecord, SpanBatch
 from pipelines.gold.retokenize import Retokenizer
 from pipelines.gold.transitions import build
 from pipelines.silver.trajectories import assemble
 from schemas.config import CreditSettings, load_settings
+from tests.collectors.helpers import span_rows
 from tests.examples.test_tool_agents import AGENTS, RECORDS_TOOLS, decode, llm_rows
 from tests.fixtures_vllm import VllmServer
 
@@ -111,11 +111,8 @@ def test_tool_agent_through_the_gateway_gives_exact_transitions(name: str, vllm_
 
     spans = asyncio.run(run_through_gateway())
     agent_rows = decode(spans)
-    batch = SpanBatch()
-    for offset, record in enumerate(sink.records):
-        batch.add(KafkaRecord("agentlake.spans.v1", 0, offset, None, record.value, []))
-    gateway_rows = pl.from_arrow(batch.to_table())
-    assert isinstance(gateway_rows, pl.DataFrame) and gateway_rows.height >= 2
+    gateway_rows = span_rows(sink)
+    assert gateway_rows.height >= 2
     assert all(json.loads(t)[0]["function"]["name"] == calc.TOOL_NAME for t in gateway_rows["tools"])
     rows = pl.concat([agent_rows, gateway_rows], how="vertical_relaxed")
     trajectories = pl.from_arrow(assemble(rows, now=dt.datetime.now(dt.UTC), idle_timeout_s=60))
