@@ -2,7 +2,8 @@
 
 Generated workloads (``tests.lake.workload``) go through the real collector (two replicas, OTLP/HTTP
 protobuf), the real broker and the real Dagster assets, run in random increments between deliveries,
-with the maintenance job (compaction, vacuum) and a broker restart (SIGKILL, same log) in between.
+with the maintenance job (compaction, vacuum) or the hourly compaction of the newest days and a broker
+restart (SIGKILL, same log) in between.
 At the end `trajectories` and `transitions` must equal, row for row,
 
 (a) one rebuild from scratch with ``agentlake replay`` into a fresh lake, from the same topics, and
@@ -118,7 +119,7 @@ def deliver(w: Workload, broker: Any, settings_: Any, log_dir: Path, problems: l
                     run_assets(settings_, step.assets, problems)
                     counts["runs"] += 1
                 elif isinstance(step, Maintain):
-                    run_maintenance(settings_)
+                    run_maintenance(settings_, recent=step.recent)
                     counts["maintenance"] += 1
                 elif isinstance(step, Restart):
                     broker.restart()

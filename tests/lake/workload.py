@@ -232,7 +232,10 @@ class Run:
 
 @dataclass(frozen=True)
 class Maintain:
-    """The maintenance job: compaction and vacuum of every table."""
+    """The nightly maintenance job (compaction and vacuum of every table), or with ``recent`` the hourly
+    compaction of the newest day partitions (`compact_recent_job`)."""
+
+    recent: bool = False
 
 
 @dataclass(frozen=True)
@@ -516,7 +519,7 @@ def workloads(
     for _ in range(draw(st.integers(1, 4))):
         actions.append((draw(st.integers(0, len(deliveries))), 0, Run(draw(st.sampled_from(ASSET_INCREMENTS)))))
     for _ in range(draw(st.integers(1, 2))):
-        actions.append((draw(st.integers(1, len(deliveries))), 1, Maintain()))
+        actions.append((draw(st.integers(1, len(deliveries))), 1, Maintain(recent=draw(st.booleans()))))
     if restart:
         actions.append((draw(st.integers(1, len(deliveries))), 2, Restart()))
     schedule: list[Step] = []
@@ -994,12 +997,18 @@ def run_assets(settings: Any, names: Sequence[str], problems: list[str] | None =
     }
 
 
-def run_maintenance(settings: Any) -> None:
-    """The real maintenance job (compaction + vacuum of every table), in process."""
+def run_maintenance(settings: Any, *, recent: bool = False) -> None:
+    """The real maintenance job (compaction + vacuum of every table), in process; with ``recent`` what the
+    hourly compaction runs, on the workload's days (its clock is BASE_NS's day, not the real one)."""
     from pipelines.defs.automation import maintenance_job
     from pipelines.defs.resources import resources_from_settings
+    from pipelines.lake.compaction import compact_recent
 
     res = resources_from_settings(settings)
+    if recent:
+        done = compact_recent(res["lake"].lake(), days=2, now=dt.datetime.fromtimestamp(BASE_NS / S, dt.UTC))
+        assert not done.refused, done.refused
+        return
     assert maintenance_job.execute_in_process(resources={"lake": res["lake"]}).success
 
 
