@@ -175,9 +175,10 @@ def compaction_schedule() -> ScheduleDefinition:
     """Compact the recent days on the cron in `lake.compact_cron` (running by default).
 
     A `lake` run committing to the same day at that moment makes one of the two commits be refused:
-    the compaction retries on the newer snapshot (``Lake.compact``), a refused run is rerun by the
-    next sensor tick; no row is lost or doubled either way. Skipping hours with a run in flight was
-    not done: under steady traffic some run is nearly always in flight, and the hour would never come.
+    the compaction retries on the newer snapshot (``Lake.compact``); a refused run's increment is
+    taken by the next run, since each step starts from the positions its table recorded. No row is
+    lost or doubled. Skipping hours with a run in flight was not done: under steady traffic some
+    run is nearly always in flight, and the hour would never come.
     """
     from schemas.config import load_settings
 
