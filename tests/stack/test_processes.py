@@ -111,7 +111,7 @@ def test_stop_does_not_wait_for_a_zombie_nobody_reaps(tmp_path: Path) -> None:
     assert result["stopped"]
     # SIGTERM ends both at once (about 0.1 s here). Waiting for the orphaned zombie to vanish, as before,
     # took the 15 s SIGTERM timeout plus the 5 s SIGKILL grace: that is what this guards against. Twice in
-    # full-suite runs (never in 18 runs alone, 15 of them with both cores busy) the stop instead took the 15 s timeout
-    # and no grace: a process of the family was not seen to exit before SIGKILL (cause not found), which
-    # is not the zombie wait, so the bound is below 15 + 5, not below 5.
+    # full-suite runs (never in 18 runs alone, 15 of them with both cores busy) the stop took the 15 s
+    # timeout and no grace instead: a process of the family was not seen to exit before SIGKILL (cause not
+    # found), which is not the zombie wait, so the bound is below 15 + 5, not below 5.
     assert result["seconds"] < 19, result
