@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from deltalake.exceptions import CommitFailedError
 
 from schemas.lake import Lake
-from schemas.tables import PARTITION_COLUMNS, TABLES, base_table, transitions_variant
+from schemas.tables import PARTITION_COLUMNS, TABLES, transitions_variant
 
 # The tables a lake run writes a file to on every run, all partitioned by day.
 DAY_TABLES = tuple(name for name in TABLES if PARTITION_COLUMNS[name] == ["day"])
@@ -51,7 +51,8 @@ def compact_recent(
     attempts: int = 3,
     log: Callable[[str], object] = lambda _: None,
 ) -> RecentCompaction:
-    """Compact the newest ``days`` day partitions of each day-partitioned table (credit variants too).
+    """Compact the newest ``days`` day partitions of each day-partitioned table (credit variants too), or of
+    ``tables`` (each partitioned by day: ``Lake.compact`` refuses another).
 
     A table whose commit concurrent pipeline runs refused ``attempts`` times is left as it is and
     named in ``refused``: its files stay until the next hour, nothing is lost.
@@ -61,8 +62,6 @@ def compact_recent(
     wanted = list(tables) if tables is not None else [*DAY_TABLES, *map(transitions_variant, variant_names(lake))]
     out = RecentCompaction(recent_days(now or dt.datetime.now(dt.UTC), days))
     for name in wanted:
-        if PARTITION_COLUMNS[base_table(name) or name] != ["day"]:
-            continue
         try:
             metrics = lake.compact(name, days=out.days, attempts=attempts)
         except CommitFailedError as exc:
