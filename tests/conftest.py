@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +15,20 @@ from tests.objectstore import ObjectStore
 from tests.topics import fresh_kafka
 
 pytest_plugins = ["tests.fixtures_vllm", "tests.fixtures_training", "tests.browser"]
+
+
+def _free_disk() -> str:
+    where = tempfile.gettempdir()
+    return f"{shutil.disk_usage(where).free / 2**30:.1f} GiB free under {where}"
+
+
+def pytest_report_header() -> str:
+    """The disk left at the start: a run that fills a small disk fails far from the cause."""
+    return f"disk: {_free_disk()}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(f"disk at the end: {_free_disk()}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -34,7 +34,7 @@ class ObjectStore:
             start_new_session=True,
         )
         wait_for_port("127.0.0.1", self.ports["s3"], 60)
-        objectstore.ensure_bucket(self.endpoint, objectstore.LAKE_BUCKET)
+        objectstore.ensure_bucket(self.endpoint, objectstore.LAKE_BUCKET, data_dir=data)
 
     @property
     def endpoint(self) -> str:

@@ -223,7 +223,7 @@ class DurableBroker:
             objectstore.weed_argv(self.weed, data, ports), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         wait_for_port("127.0.0.1", self.s3_port, 60)
-        objectstore.ensure_bucket(self.endpoint, objectstore.BROKER_BUCKET)
+        objectstore.ensure_bucket(self.endpoint, objectstore.BROKER_BUCKET, data_dir=data)
         self._start_tansu()
         return self
 

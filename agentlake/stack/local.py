@@ -196,7 +196,7 @@ def start_objectstore(settings: Settings) -> str | None:
         except StackError as exc:
             processes.stop(sdir, "objectstore")
             raise StackError(f"{exc}; see {proc.log}:\n{_tail(proc.log)}") from exc
-    objectstore.ensure_bucket(endpoint, objectstore.BROKER_BUCKET)
+    objectstore.ensure_bucket(endpoint, objectstore.BROKER_BUCKET, data_dir=sdir / objectstore.OBJECTSTORE_DIR)
     return endpoint
 
 

@@ -38,6 +38,9 @@ from schemas.local_store import (  # noqa: F401 - the store's layout, shared wit
 OBJECTSTORE_DIR = "objectstore"
 BROKER_BUCKET = "tansu"
 READY_PROBE = "_agentlake/ready"  # the object `ensure_bucket` round-trips before calling a bucket served
+# SeaweedFS makes every volume read-only below this much free disk; its default, 1% of the disk, is 2.5 GB
+# on a 252 GB machine with gigabytes still free, and a read-only store answers writes by stalling.
+MIN_FREE_SPACE = "512MiB"
 PORT_NAMES = ("s3", "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3_grpc")
 
 
@@ -101,6 +104,7 @@ def weed_argv(weed: str, data_dir: Path, ports: dict[str, int], host: str = "127
         f"-volume.port={ports['volume']}",
         f"-volume.port.grpc={ports['volume_grpc']}",
         "-volume.max=0",
+        f"-volume.minFreeSpace={MIN_FREE_SPACE}",
         "-volume.preStopSeconds=0",  # else it waits 10 s on SIGTERM before stopping
         f"-filer.port={ports['filer']}",
         f"-filer.port.grpc={ports['filer_grpc']}",
@@ -121,8 +125,12 @@ def s3_ok(endpoint: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0) -> None:
-    """Create ``bucket`` (a signed ``PUT /<bucket>``) once the gateway takes it; an existing one is fine."""
+def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0, data_dir: Path | None = None) -> None:
+    """Create ``bucket`` (a signed ``PUT /<bucket>``) once the gateway takes it; an existing one is fine.
+
+    ``data_dir`` (the store's data folder) lets a failure say how much disk was left: a store short
+    of disk lists buckets but stalls every write.
+    """
     import pyarrow.fs as pafs
 
     from schemas.storage import filesystem
@@ -146,7 +154,15 @@ def ensure_bucket(endpoint: str, bucket: str, *, timeout_s: float = 60.0) -> Non
         except OSError as exc:
             last = str(exc)
         time.sleep(0.3)
-    raise StackError(f"the object store at {endpoint} did not serve bucket {bucket!r} in {timeout_s:.0f}s: {last}")
+    disk = f" ({free_disk(data_dir)})" if data_dir is not None else ""
+    waited = f"{timeout_s:.0f}s{disk}"
+    raise StackError(f"the object store at {endpoint} did not serve bucket {bucket!r} in {waited}: {last}")
+
+
+def free_disk(path: Path) -> str:
+    """How much disk is left where ``path`` lives, and the store's floor, for error messages."""
+    free = shutil.disk_usage(path).free
+    return f"{free / 2**30:.1f} GiB free on its disk; it refuses writes below {MIN_FREE_SPACE}"
 
 
 def _round_trips(fs: Any, path: str) -> bool:
