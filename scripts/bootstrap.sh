@@ -16,7 +16,8 @@ fi
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
   exit 0
 fi
-PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+# no wheel cache: the venv holds what is installed, and a CI machine's disk may be small
+PIP="$VENV/bin/python -m pip --disable-pip-version-check --no-cache-dir -q"
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "==> GPU found: installing torch (CUDA build)"
