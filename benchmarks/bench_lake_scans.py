@@ -131,19 +131,9 @@ def one(n: int, root: str) -> None:
 
 def _build(root: str, sizes: list[int]) -> None:
     """The template (the real steps on bench_increment's 10,000 rollouts) and each missing lake."""
-    from benchmarks.bench_increment import KAFKA, PARTITIONS, increment_spans
-    from benchmarks.lake_builder import build_lake
-    from pipelines.bronze.positions import app_id
-    from pipelines.gold.transitions_step import update_transitions
-    from pipelines.silver.trajectories_step import update_trajectories
+    from benchmarks.lake_builder import build_lake, ensure_template
 
-    os.makedirs(root, exist_ok=True)
-    template = Lake(os.path.join(root, "template"))
-    if not os.path.exists(template.root):
-        spans = increment_spans(os.path.join(root, "inc10000.parquet"), 10_000).to_arrow()
-        template.write("spans", spans, txns={app_id("new", p): 9_999 // PARTITIONS for p in range(PARTITIONS)})
-        update_trajectories(template, KAFKA, idle_timeout_s=300)
-        update_transitions(template, CreditSettings())
+    template = ensure_template(root)
     for n in sizes:
         if not os.path.exists(os.path.join(root, f"base{n}")):
             build_lake(template, Lake(os.path.join(root, f"base{n}")), n)

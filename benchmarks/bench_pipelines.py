@@ -375,7 +375,7 @@ def print_peer(ours: dict[str, Any], label: str, peer: dict[str, Any]) -> None:
 QUERIES = {  # README / docs/tables.md, and one rollout by id
     "reward per agent": "SELECT agent_name, avg(reward) FROM transitions GROUP BY 1",
     "success per day": "SELECT day, avg(final_reward) AS success FROM trajectories GROUP BY 1 ORDER BY 1",
-    "one rollout by id": "SELECT rollout_id, n_llm_calls FROM trajectories WHERE rollout_id = 'c1-roll-17'",
+    "one rollout by id": "SELECT rollout_id, n_llm_calls FROM trajectories WHERE rollout_id = '{rollout}'",
 }
 
 
@@ -384,13 +384,20 @@ def lake_scans(lake: Lake) -> dict[str, Any]:
     from pipelines.lake.forget import forget
     from pipelines.lake.query import run_query
 
+    # two rollouts of the built copies (their ids are spread: lake_builder), found untimed
+    scan = lake.scan("trajectories")
+    assert scan is not None
+    found = scan.filter(
+        pl.col("rollout_id").str.ends_with("-c1-roll-17") | pl.col("rollout_id").str.ends_with("-c2-roll-5")
+    )
+    ids = sorted(found.select("rollout_id").collect()["rollout_id"].to_list())
     out: dict[str, Any] = {}
     for label, sql in QUERIES.items():
         t0 = time.perf_counter()
-        run_query(lake, sql)
+        run_query(lake, sql.format(rollout=ids[0]))
         out[label] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    forget(lake, "default", rollout="c2-roll-5", reason="benchmark")
+    forget(lake, "default", rollout=ids[-1], reason="benchmark")
     out["agentlake forget (one rollout)"] = time.perf_counter() - t0
     return out
 

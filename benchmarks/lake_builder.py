@@ -12,6 +12,11 @@ transitions step's marks (``trajectories`` version and ``updated_at``) with the 
 
 What it does not imitate: the copies are one file per table, day and copy (a compacted lake),
 not the many small commits of real ingestion.
+
+Ids: with ``scatter`` (the default) each copy's rollout ids and trace ids start with a hash of the
+copy and the id, so they are spread over every file's range as uuids and random trace ids are in real
+traffic. Without it they start with the copy's number, which makes each file's min/max statistics
+cover one copy only: a point lookup by id then skips every other file, which real traffic never allows.
 """
 
 from __future__ import annotations
@@ -29,19 +34,30 @@ from schemas.lake import Lake
 _PREFIXED = ["rollout_id", "task_id", "group_id", "attempt_id", "transition_id", "llm_response_id"]
 
 
-def _copy(df: pl.DataFrame, k: int, days_back: int, offset_shift: int, old_topic: str) -> pl.DataFrame:
+def _spread(k: int, value: pl.Expr) -> pl.Expr:
+    """Eight digits that depend on the copy and the value: a prefix that scatters ids over the key space."""
+    return (pl.lit(f"c{k}-") + value).hash(seed=7).cast(pl.String).str.zfill(20).str.slice(12, 8)
+
+
+def _copy(
+    df: pl.DataFrame, k: int, days_back: int, offset_shift: int, old_topic: str, *, scatter: bool = True
+) -> pl.DataFrame:
     """Copy ``k`` of a template table: new ids, offsets and times (``days_back`` whole days earlier)."""
     delta = dt.timedelta(days=days_back)
     tag = f"{k:08x}"
+
+    def trace(value: pl.Expr) -> pl.Expr:
+        return (_spread(k, value) if scatter else pl.lit(tag)) + value.str.slice(8)
+
     exprs: list[pl.Expr] = []
     for name, dtype in df.schema.items():
         col = pl.col(name)
         if name in _PREFIXED:
-            exprs.append((pl.lit(f"c{k}-") + col).alias(name))
+            exprs.append(((_spread(k, col) + pl.lit(f"-c{k}-") if scatter else pl.lit(f"c{k}-")) + col).alias(name))
         elif name == "trace_id":
-            exprs.append((pl.lit(tag) + col.str.slice(8)).alias(name))
+            exprs.append(trace(col).alias(name))
         elif name == "trace_ids":
-            exprs.append(col.list.eval(pl.lit(tag) + pl.element().str.slice(8)).alias(name))
+            exprs.append(col.list.eval(trace(pl.element())).alias(name))
         elif name == "kafka_topic":
             exprs.append(pl.lit(old_topic).alias(name))
         elif name == "kafka_offset":
@@ -52,7 +68,13 @@ def _copy(df: pl.DataFrame, k: int, days_back: int, offset_shift: int, old_topic
 
 
 def build_lake(
-    template: Lake, lake: Lake, rollouts: int, *, per_day: int = 30_000, old_topic: str = "bench.spans.old"
+    template: Lake,
+    lake: Lake,
+    rollouts: int,
+    *,
+    per_day: int = 30_000,
+    old_topic: str = "bench.spans.old",
+    scatter: bool = True,
 ) -> dict[str, Any]:
     """Append copies of ``template``'s rollouts to ``lake`` until it holds at least ``rollouts``."""
     t0 = time.perf_counter()
@@ -76,6 +98,25 @@ def build_lake(
                 assert traj is not None
                 newest = pl.scan_delta(traj).select(pl.col("updated_at").dt.epoch("us").max()).collect().item()
                 txns = {TRAJ_VERSION: traj.version(), TRAJ_FROM_TRANSITIONS: int(newest)}
-            data = _copy(frames[name], k, days_back, k * stride, old_topic)
+            data = _copy(frames[name], k, days_back, k * stride, old_topic, scatter=scatter)
             lake.write(name, data.to_arrow(), txns=txns)
     return {"rollouts": copies * per_copy, "copies": copies, "seconds": time.perf_counter() - t0}
+
+
+def ensure_template(root: str) -> Lake:
+    """The template lake under ``root``: the real steps on bench_increment's 10,000 rollouts (made once)."""
+    import os
+
+    from benchmarks.bench_increment import KAFKA, PARTITIONS, increment_spans  # lazy: it imports this module
+    from pipelines.gold.transitions_step import update_transitions
+    from pipelines.silver.trajectories_step import update_trajectories
+    from schemas.config import CreditSettings
+
+    os.makedirs(root, exist_ok=True)
+    template = Lake(os.path.join(root, "template"))
+    if not os.path.exists(template.root):
+        spans = increment_spans(os.path.join(root, "inc10000.parquet"), 10_000).to_arrow()
+        template.write("spans", spans, txns={app_id("new", p): 9_999 // PARTITIONS for p in range(PARTITIONS)})
+        update_trajectories(template, KAFKA, idle_timeout_s=300)
+        update_transitions(template, CreditSettings())
+    return template

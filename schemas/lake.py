@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from schemas.errors import ConcurrentWriteError, LakeError
@@ -25,6 +25,28 @@ if TYPE_CHECKING:
     from schemas.config import Settings
 
 VACUUM_RETENTION_HOURS = 168  # Delta's default: readers of a week-old snapshot still find their files
+# A clustered file's row groups: small enough that a reader of one id reads a few thousand rows of each
+# file, large enough that a file of a busy day holds hundreds of groups, not tens of thousands.
+CLUSTER_ROW_GROUP_ROWS = 8192
+
+
+def _day_filters(name: str, days: Sequence[date] | None) -> list[tuple[str, str, Any]] | None:
+    """delta-rs partition filters for ``days`` of a table partitioned by day; None for the whole table."""
+    if days is None:
+        return None
+    if PARTITION_COLUMNS[base_table(name) or name] != ["day"]:
+        raise LakeError(f"{name} is not partitioned by day: optimize it whole")
+    return [("day", "in", sorted({d.isoformat() for d in days}))]
+
+
+def _retried(table: DeltaTable, attempts: int, optimize: Callable[[], Mapping[str, Any]]) -> dict[str, Any]:
+    """Run ``optimize`` again on the newer snapshot when a concurrent commit refused it; the last refusal raises."""
+    for _ in range(attempts - 1):
+        try:
+            return dict(optimize())
+        except CommitFailedError:
+            table.update_incremental()
+    return dict(optimize())
 
 
 @dataclass(frozen=True)
@@ -100,17 +122,36 @@ class Lake:
         table = self.table(name)
         if table is None:
             return None
-        filters = None
-        if days is not None:
-            if PARTITION_COLUMNS[base_table(name) or name] != ["day"]:
-                raise LakeError(f"{name} is not partitioned by day: compact it whole")
-            filters = [("day", "in", sorted({d.isoformat() for d in days}))]
-        for _ in range(attempts - 1):
-            try:
-                return dict(table.optimize.compact(partition_filters=filters))
-            except CommitFailedError:
-                table.update_incremental()
-        return dict(table.optimize.compact(partition_filters=filters))
+        filters = _day_filters(name, days)
+        return _retried(table, attempts, lambda: table.optimize.compact(partition_filters=filters))
+
+    def cluster(
+        self,
+        name: str,
+        *,
+        days: Sequence[date] | None = None,
+        column: str = "rollout_id",
+        row_group_rows: int = CLUSTER_ROW_GROUP_ROWS,
+        attempts: int = 3,
+    ) -> dict[str, Any] | None:
+        """Rewrite ``days`` (or the whole table) sorted by ``column`` into row groups of ``row_group_rows``.
+
+        Why: ids carry no time, so a lookup of one rollout cannot be pruned by day; in a clustered file
+        each row group's min/max statistics span a narrow range of ids, and DuckDB, Polars and delta-rs
+        read only the group that can hold the id. Unlike ``compact`` it rewrites every file of the
+        chosen days (delta-rs's Z-order), so it is for days that are finished, once. None when the
+        table does not exist; conflicts are retried as in ``compact``.
+        """
+        table = self.table(name)
+        if table is None:
+            return None
+        filters = _day_filters(name, days)
+        props = WriterProperties(max_row_group_size=row_group_rows)
+        return _retried(
+            table,
+            attempts,
+            lambda: table.optimize.z_order([column], partition_filters=filters, writer_properties=props),
+        )
 
     def vacuum(self, name: str, *, retention_hours: int = VACUUM_RETENTION_HOURS, dry_run: bool = False) -> list[str]:
         """Delete files no snapshot newer than ``retention_hours`` reads; return them (``dry_run``: only list).

@@ -253,6 +253,49 @@ def compact(
         )
 
 
+DayOption = typer.Option(None, "--day", help="a day partition to cluster (YYYY-MM-DD); repeat for more")
+
+
+@lake_app.command("cluster")
+@handle_errors
+def cluster(
+    table: str = typer.Option("all", "--table", help="a day-partitioned table or variant, or all"),
+    day: list[str] | None = DayOption,
+    every_day: bool = typer.Option(False, "--all-days", help="every day partition (once, for a lake built before)"),
+    config: str | None = ConfigOption,
+) -> None:
+    """Sort day partitions by rollout id into small row groups, so reading or forgetting one rollout skips the rest.
+
+    Without --day or --all-days: the days the nightly maintenance would cluster now.
+    """
+    import datetime as dt
+
+    from pipelines.lake.compaction import DAY_TABLES, cluster_finished, day_tables, files_per_day
+    from schemas.tables import base_table
+
+    settings, lake = _lake(config)
+    names = None if table == "all" else _tables(table)
+    if names is not None and any(base_table(n) not in DAY_TABLES for n in names):
+        raise typer.BadParameter(f"--table must be partitioned by day: {', '.join(DAY_TABLES)} or a variant")
+    try:
+        days = [dt.date.fromisoformat(d) for d in day or []]
+    except ValueError:
+        raise typer.BadParameter(f"--day takes dates as YYYY-MM-DD, got {', '.join(day or [])}") from None
+    if days or every_day:
+        for name in day_tables(lake, names):
+            chosen = days or sorted(files_per_day(lake, name))
+            if chosen and lake.cluster(name, days=chosen) is not None:
+                console.print(f"{name}: {len(chosen)} days clustered (version {lake.version(name)})")
+        return
+    done = cluster_finished(lake, window=settings.lake.compact_days, tables=names)
+    for name, clustered in sorted(done.days.items()):
+        console.print(f"{name}: {len(clustered)} days clustered (version {lake.version(name)})")
+    for name, why in sorted(done.refused.items()):
+        console.print(f"{name}: refused by concurrent commits, not clustered ({why})")
+    if not done.days and not done.refused:
+        console.print("nothing to cluster: every finished day holds one file")
+
+
 @lake_app.command("vacuum")
 @handle_errors
 def vacuum(

@@ -130,12 +130,21 @@ def kafka_sensor(
 
 @op(
     description=(
-        "Delete rows past each table's retention (lake.retention_days, recorded in `deletions`), "
-        "then compact small files and vacuum files older than the vacuum retention, table by table."
+        "Delete rows past each table's retention (lake.retention_days, recorded in `deletions`), cluster by "
+        "rollout id the days out of the hourly compaction's window, then compact small files and vacuum files "
+        "older than the vacuum retention, table by table."
     )
 )
 def compact_and_vacuum(context: OpExecutionContext, lake: LakeResource) -> None:
-    maintain(lake.lake(), lake.retention_days, log=context.log.info)
+    done = maintain(lake.lake(), lake.retention_days, window=lake.compact_days, log=context.log.info)
+    context.add_output_metadata(
+        {
+            "rows_deleted": sum(done.deleted.values()),
+            "days_clustered": sum(len(days) for days in done.clustered.values()),
+            "files_compacted": sum(done.compacted.values()),
+            "files_vacuumed": sum(done.vacuumed.values()),
+        }
+    )
 
 
 @job(description="Nightly Delta maintenance.")

@@ -1,9 +1,16 @@
-"""Compaction of the days still being written: the hourly half of the maintenance schedule.
+"""Compaction of the days still being written (hourly), and clustering of the days that are done (nightly).
 
 Every lake run adds a file per table to the current ``day`` partition (5,760 a day with a run every
 15 s), and a gold step's replacement pays for each file of the newest day it cannot prune
 (docs/capacity.md). Compacting only the recent days keeps that count bounded through the day, at the
-cost of those days' traffic rather than the table's; the nightly ``maintenance`` job does the rest.
+cost of those days' traffic rather than the table's.
+
+Once a day leaves that window, the nightly ``maintenance`` job clusters it by rollout id
+(``Lake.cluster``): a rollout's id says nothing of its day, so reading or forgetting one rollout
+reads every day, and only sorted files with small row groups let each reader skip all but one group
+per day. A day is clustered when it leaves the window and again whenever it holds more than one file
+(late rows, a step's replacement); a day the job missed stays unclustered (slower lookups, nothing
+wrong) until ``agentlake lake cluster`` names it.
 """
 
 from __future__ import annotations
@@ -57,11 +64,8 @@ def compact_recent(
     A table whose commit concurrent pipeline runs refused ``attempts`` times is left as it is and
     named in ``refused``: its files stay until the next hour, nothing is lost.
     """
-    from pipelines.gold.variants import variant_names  # lazy: variants builds on the incremental steps
-
-    wanted = list(tables) if tables is not None else [*DAY_TABLES, *map(transitions_variant, variant_names(lake))]
     out = RecentCompaction(recent_days(now or dt.datetime.now(dt.UTC), days))
-    for name in wanted:
+    for name in day_tables(lake, tables):
         try:
             metrics = lake.compact(name, days=out.days, attempts=attempts)
         except CommitFailedError as exc:
@@ -73,6 +77,68 @@ def compact_recent(
         out.files_removed[name] = int(metrics.get("numFilesRemoved", 0))
         out.files_added[name] = int(metrics.get("numFilesAdded", 0))
         log(f"{name}: {out.files_removed[name]} files -> {out.files_added[name]} in days {_shown(out.days)}")
+    return out
+
+
+def day_tables(lake: Lake, tables: Iterable[str] | None = None) -> list[str]:
+    """``tables``, or every day-partitioned table of ``lake`` with its credit variants."""
+    from pipelines.gold.variants import variant_names  # lazy: variants builds on the incremental steps
+
+    return list(tables) if tables is not None else [*DAY_TABLES, *map(transitions_variant, variant_names(lake))]
+
+
+def files_per_day(lake: Lake, name: str) -> dict[dt.date, int]:
+    """How many data files each ``day`` partition of ``name`` holds now (from the Delta log, no data read)."""
+    table = lake.table(name)
+    if table is None:
+        return {}
+    days = table.get_add_actions(flatten=True).column("partition.day").to_pylist()
+    out: dict[dt.date, int] = {}
+    for day in days:
+        key = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def finished_days(files: dict[dt.date, int], *, window: int, now: dt.datetime) -> list[dt.date]:
+    """The days to cluster tonight: the one just out of the hourly window, and every older one with several files."""
+    newest_recent = recent_days(now, window)[-1]
+    leaving = newest_recent - dt.timedelta(days=1)
+    return sorted(d for d, n in files.items() if d == leaving or (d < leaving and n > 1))
+
+
+@dataclass
+class Clustering:
+    """What one nightly clustering did: the days rewritten per table, and tables refused by concurrent commits."""
+
+    days: dict[str, list[dt.date]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def cluster_finished(
+    lake: Lake,
+    *,
+    window: int = 2,
+    now: dt.datetime | None = None,
+    tables: Iterable[str] | None = None,
+    attempts: int = 3,
+    log: Callable[[str], object] = lambda _: None,
+) -> Clustering:
+    """Cluster by rollout id the days out of the hourly compaction's ``window`` that need it (``finished_days``)."""
+    when = now or dt.datetime.now(dt.UTC)
+    out = Clustering()
+    for name in day_tables(lake, tables):
+        days = finished_days(files_per_day(lake, name), window=window, now=when)
+        if not days:
+            continue
+        try:
+            lake.cluster(name, days=days, attempts=attempts)
+        except CommitFailedError as exc:
+            out.refused[name] = str(exc).splitlines()[0]
+            log(f"{name}: clustering refused {attempts} times by concurrent commits, left for the next night: {exc}")
+            continue
+        out.days[name] = days
+        log(f"{name}: clustered by rollout id in days {_shown(days)}")
     return out
 
 

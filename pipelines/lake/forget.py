@@ -25,11 +25,11 @@ from typing import Literal
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties
+from deltalake import CommitProperties, WriterProperties
 
 from pipelines.errors import UnknownTenantError
 from schemas import topics
-from schemas.lake import Lake, in_list, sql_string
+from schemas.lake import CLUSTER_ROW_GROUP_ROWS, Lake, in_list, sql_string
 from schemas.tables import DELETIONS, base_table, transitions_variant
 
 # Tables a deletion reaches: every table that holds a tenant's data or ids of its rollouts (`judgements`,
@@ -404,7 +404,11 @@ def execute(
             table = lake.table(step.table)
             assert table is not None
             metrics = table.delete(
-                step.predicate, commit_properties=CommitProperties(custom_metadata={DELETION_KEY: did})
+                step.predicate,
+                commit_properties=CommitProperties(custom_metadata={DELETION_KEY: did}),
+                # a rewritten file keeps a clustered day's small row groups (Lake.cluster), though not its
+                # order: sorting the day again would cost a rewrite of the whole day per forget
+                writer_properties=WriterProperties(max_row_group_size=CLUSTER_ROW_GROUP_ROWS),
             )
             res = out.tables.setdefault(step.table, TableResult(step.table))
             deleted = metrics.get("num_deleted_rows")  # absent when whole files went (a partition-only predicate)

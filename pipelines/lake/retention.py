@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from pipelines.lake.compaction import cluster_finished
 from pipelines.lake.forget import Deletion, Selector, execute
 from schemas.lake import VACUUM_RETENTION_HOURS, Lake
 from schemas.tables import TABLES
@@ -38,6 +39,7 @@ class Maintenance:
     """What one maintenance run did, per table."""
 
     deleted: dict[str, int] = field(default_factory=dict)  # rows removed by retention
+    clustered: dict[str, list[dt.date]] = field(default_factory=dict)  # days sorted by rollout id
     compacted: dict[str, int] = field(default_factory=dict)  # files rewritten
     vacuumed: dict[str, int] = field(default_factory=dict)  # files deleted
 
@@ -48,14 +50,17 @@ def maintain(
     *,
     now: dt.datetime | None = None,
     vacuum_hours: int = VACUUM_RETENTION_HOURS,
+    window: int = 2,
     log: Callable[[str], object] = lambda _: None,
 ) -> Maintenance:
-    """Retention first, then compact and vacuum every table (the deletes leave rewritten files to merge)."""
+    """Retention first, then cluster the days out of the hourly ``window`` that need it (pipelines.lake.compaction),
+    then compact and vacuum every table (the deletes leave rewritten files to merge)."""
     out = Maintenance()
     for d in apply_retention(lake, retention_days, now=now):
         for name, res in d.tables.items():
             out.deleted[name] = out.deleted.get(name, 0) + res.rows
             log(f"{name}: retention removed {res.rows} rows before {d.selector.before} (version {res.version})")
+    out.clustered = cluster_finished(lake, window=window, now=now, log=log).days
     for name in TABLES:
         metrics = lake.compact(name)
         if metrics is None:

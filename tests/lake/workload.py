@@ -998,8 +998,9 @@ def run_assets(settings: Any, names: Sequence[str], problems: list[str] | None =
 
 
 def run_maintenance(settings: Any, *, recent: bool = False) -> None:
-    """The real maintenance job (compaction + vacuum of every table), in process; with ``recent`` what the
-    hourly compaction runs, on the workload's days (its clock is BASE_NS's day, not the real one)."""
+    """The real maintenance job (retention, clustering of finished days, compaction, vacuum), in process; with
+    ``recent`` what the hourly compaction runs, on the workload's days (its clock is BASE_NS's day, not the real
+    one)."""
     from pipelines.defs.automation import maintenance_job
     from pipelines.defs.resources import resources_from_settings
     from pipelines.lake.compaction import compact_recent
