@@ -270,7 +270,7 @@ def cluster(
     """
     import datetime as dt
 
-    from pipelines.lake.compaction import DAY_TABLES, cluster_finished, day_tables, files_per_day
+    from pipelines.lake.compaction import DAY_TABLES, cluster_finished, day_tables, small_files_per_day
     from schemas.tables import base_table
 
     settings, lake = _lake(config)
@@ -283,7 +283,7 @@ def cluster(
         raise typer.BadParameter(f"--day takes dates as YYYY-MM-DD, got {', '.join(day or [])}") from None
     if days or every_day:
         for name in day_tables(lake, names):
-            chosen = days or sorted(files_per_day(lake, name))
+            chosen = days or sorted(small_files_per_day(lake, name))
             if chosen and lake.cluster(name, days=chosen) is not None:
                 console.print(f"{name}: {len(chosen)} days clustered (version {lake.version(name)})")
         return
@@ -293,7 +293,7 @@ def cluster(
     for name, why in sorted(done.refused.items()):
         console.print(f"{name}: refused by concurrent commits, not clustered ({why})")
     if not done.days and not done.refused:
-        console.print("nothing to cluster: every finished day holds one file")
+        console.print("nothing to cluster: every finished day is clustered")
 
 
 @lake_app.command("vacuum")

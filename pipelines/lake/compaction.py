@@ -8,9 +8,9 @@ cost of those days' traffic rather than the table's.
 Once a day leaves that window, the nightly ``maintenance`` job clusters it by rollout id
 (``Lake.cluster``): a rollout's id says nothing of its day, so reading or forgetting one rollout
 reads every day, and only sorted files with small row groups let each reader skip all but one group
-per day. A day is clustered when it leaves the window and again whenever it holds more than one file
-(late rows, a step's replacement); a day the job missed stays unclustered (slower lookups, nothing
-wrong) until ``agentlake lake cluster`` names it.
+per day. A day is clustered when it leaves the window and again whenever it holds more than one small
+file (late rows, a step's replacement); a day the job missed, or whose one big file a forget rewrote,
+stays unsorted (slower lookups, nothing wrong) until ``agentlake lake cluster`` names it.
 """
 
 from __future__ import annotations
@@ -87,21 +87,32 @@ def day_tables(lake: Lake, tables: Iterable[str] | None = None) -> list[str]:
     return list(tables) if tables is not None else [*DAY_TABLES, *map(transitions_variant, variant_names(lake))]
 
 
-def files_per_day(lake: Lake, name: str) -> dict[dt.date, int]:
-    """How many data files each ``day`` partition of ``name`` holds now (from the Delta log, no data read)."""
+# delta-rs's optimize writes files of up to 100 MiB unless the table sets delta.targetFileSize; a file below
+# half of that is a late append, a step's rewrite or an optimize's remainder, not one of its full files.
+SMALL_FILE_BYTES = 50 * 2**20
+
+
+def small_files_per_day(lake: Lake, name: str) -> dict[dt.date, int]:
+    """How many small data files each ``day`` partition of ``name`` holds now (from the Delta log, no data read).
+
+    Why small ones only: a clustered busy day is several full files and one remainder, and must not count
+    as needing clustering again; a file appended to it later is small.
+    """
     table = lake.table(name)
     if table is None:
         return {}
-    days = table.get_add_actions(flatten=True).column("partition.day").to_pylist()
+    actions = table.get_add_actions(flatten=True)
+    days, sizes = actions.column("partition.day").to_pylist(), actions.column("size_bytes").to_pylist()
     out: dict[dt.date, int] = {}
-    for day in days:
+    for day, size in zip(days, sizes, strict=True):
         key = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
-        out[key] = out.get(key, 0) + 1
+        out[key] = out.get(key, 0) + (1 if size < SMALL_FILE_BYTES else 0)
     return out
 
 
 def finished_days(files: dict[dt.date, int], *, window: int, now: dt.datetime) -> list[dt.date]:
-    """The days to cluster tonight: the one just out of the hourly window, and every older one with several files."""
+    """The days to cluster tonight: the one just out of the hourly window, and every older one with several
+    small files (``small_files_per_day``)."""
     newest_recent = recent_days(now, window)[-1]
     leaving = newest_recent - dt.timedelta(days=1)
     return sorted(d for d, n in files.items() if d == leaving or (d < leaving and n > 1))
@@ -128,7 +139,7 @@ def cluster_finished(
     when = now or dt.datetime.now(dt.UTC)
     out = Clustering()
     for name in day_tables(lake, tables):
-        days = finished_days(files_per_day(lake, name), window=window, now=when)
+        days = finished_days(small_files_per_day(lake, name), window=window, now=when)
         if not days:
             continue
         try:

@@ -138,3 +138,16 @@ def test_the_cli_clusters_named_days_and_refuses_bad_ones(tmp_path: Path) -> Non
     assert bad.exit_code == 2 and "YYYY-MM-DD" in bad.output
     wrong = run(app, ["lake", "cluster", "--table", "deletions", "--config", str(config)])
     assert wrong.exit_code == 2 and "partitioned by day" in wrong.output
+
+
+def test_only_small_files_make_a_day_need_clustering_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clustered busy day is several full files: counting every file would cluster it again every night."""
+    from pipelines.lake import compaction
+
+    lake = _lake(tmp_path / "lake")  # three files a day, each a few KB
+    assert compaction.small_files_per_day(lake, "spans") == {DAYS[0]: 3, DAYS[1]: 3}
+    sizes = lake.table("spans").get_add_actions(flatten=True).column("size_bytes").to_pylist()  # type: ignore[union-attr]
+    monkeypatch.setattr(compaction, "SMALL_FILE_BYTES", min(sizes))  # every file now counts as a full one
+    assert compaction.small_files_per_day(lake, "spans") == {DAYS[0]: 0, DAYS[1]: 0}
+    now = dt.datetime(2026, 11, 24, 3, 0, tzinfo=dt.UTC)  # both days long out of the window
+    assert compaction.cluster_finished(lake, now=now).days == {}
