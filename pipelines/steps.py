@@ -9,12 +9,14 @@ idempotent, never duplicated. Replay and tests call the steps too; the Dagster a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import polars as pl
 
 from pipelines import keys
+from schemas.lake import OffsetRanges
 
 G = TypeVar("G")
 
@@ -52,3 +54,25 @@ def group_chunks(groups: list[G], sizes: list[int], limit: int) -> list[list[G]]
     if current:
         chunks.append(current)
     return chunks
+
+
+def offset_passes(ranges: OffsetRanges, max_records: int, below: Callable[[int], int]) -> list[OffsetRanges]:
+    """``ranges`` cut into consecutive passes of about ``max_records`` Kafka records in all, each
+    partition's range in equal slices: a step that reads a backlog one pass at a time (one plan, its
+    commits and its watermarks) holds one pass in memory, not the backlog. ``below(p)``: an offset
+    below partition ``p``'s first, for a range that starts from the beginning (its first pass still
+    takes everything up to its end). One pass when ``ranges`` is empty.
+    """
+    start = {p: lo if lo is not None else below(p) for p, (lo, _) in ranges.items()}
+    total = sum(hi - start[p] for p, (_, hi) in ranges.items())
+    n = max(1, -(-total // max(max_records, 1)))
+    passes: list[OffsetRanges] = []
+    for k in range(n):
+        part: OffsetRanges = {}
+        for p, (lo, hi) in ranges.items():
+            a = start[p] + (hi - start[p]) * k // n
+            b = start[p] + (hi - start[p]) * (k + 1) // n
+            if b > a:
+                part[p] = (lo if a == start[p] else a, b)  # a partition's first slice starts where its range does
+        passes.append(part)
+    return passes

@@ -357,19 +357,19 @@ def in_list(column: str, values: list[str]) -> str:
     return f"{column} IN ({', '.join(sql_string(v) for v in values)})"
 
 
-def unseen_offsets(
+OffsetRanges = dict[int, tuple[int | None, int]]  # Kafka partition -> (offsets above, up to and including)
+
+
+def unseen_ranges(
     source: DeltaTable,
     topic: str,
     *,
     watermark: Callable[[int], str],
     seen: Callable[[int], int | None],
-    seen_app: Callable[[int], str],
-) -> tuple[pl.Expr | None, dict[str, int]]:
-    """The rows of a Kafka-fed ``source`` table from ``topic`` that a downstream reader has not read yet.
-
-    Per partition ``p``: offsets above ``seen(p)`` (what the reader committed under ``seen_app(p)``)
-    up to the source's own watermark (its app transaction ``watermark(p)``). Returns a row filter
-    (None: nothing new) and the watermarks the reader commits with what it builds from those rows.
+) -> OffsetRanges:
+    """Per partition of ``topic`` in a Kafka-fed ``source`` table, the offsets a reader has not read yet:
+    above ``seen(p)`` (None: from the start) up to the source's own watermark (its app transaction
+    ``watermark(p)``). Partitions with nothing new are left out.
     The one watermark scan of the lake: the trajectories step and the copy of reward spans use it.
     """
     partitions = sorted(
@@ -380,18 +380,35 @@ def unseen_offsets(
         .collect()["kafka_partition"]
         .to_list()
     )
-    cond: pl.Expr | None = None
-    txns: dict[str, int] = {}
+    out: OffsetRanges = {}
     for p in partitions:
         hi = source.transaction_version(watermark(p))
         lo = seen(p)
-        if hi is None or (lo is not None and lo >= hi):
-            continue
-        txns[seen_app(p)] = hi
+        if hi is not None and (lo is None or lo < hi):
+            out[p] = (lo, hi)
+    return out
+
+
+def offsets_filter(topic: str, ranges: OffsetRanges) -> pl.Expr | None:
+    """The rows of ``topic`` within ``ranges`` (None: no range)."""
+    cond: pl.Expr | None = None
+    for p, (lo, hi) in sorted(ranges.items()):
         c = (pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= hi)
         if lo is not None:
             c = c & (pl.col("kafka_offset") > lo)
         cond = c if cond is None else cond | c
-    if cond is not None:
-        cond = (pl.col("kafka_topic") == topic) & cond
-    return cond, txns
+    return None if cond is None else (pl.col("kafka_topic") == topic) & cond
+
+
+def unseen_offsets(
+    source: DeltaTable,
+    topic: str,
+    *,
+    watermark: Callable[[int], str],
+    seen: Callable[[int], int | None],
+    seen_app: Callable[[int], str],
+) -> tuple[pl.Expr | None, dict[str, int]]:
+    """``unseen_ranges`` as a row filter (None: nothing new) and the watermarks the reader commits with
+    what it builds from those rows (``seen_app(p)``: the reader's app id for partition ``p``)."""
+    ranges = unseen_ranges(source, topic, watermark=watermark, seen=seen)
+    return offsets_filter(topic, ranges), {seen_app(p): hi for p, (_, hi) in ranges.items()}

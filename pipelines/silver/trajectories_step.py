@@ -13,15 +13,16 @@ from typing import Any
 
 import polars as pl
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from pipelines import keys
 from pipelines.bronze.positions import app_id
 from pipelines.silver.identity import resolve_rollouts
 from pipelines.silver.trajectories import assemble, empty_rewards
-from pipelines.steps import StepResult, pairs
+from pipelines.steps import StepResult, offset_passes, pairs
 from schemas import attributes as A
 from schemas.config import KafkaSettings
-from schemas.lake import Lake, unseen_offsets
+from schemas.lake import Lake, offsets_filter, unseen_offsets, unseen_ranges
 
 REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
 
@@ -42,6 +43,34 @@ def _offset_ranges(
     )
 
 
+Pass = tuple[pl.Expr | None, dict[str, int]]  # a pass's row filter of `spans` and the watermarks it commits
+
+
+def _span_passes(lake: Lake, spans: DeltaTable, topic: str, pass_records: int) -> list[Pass]:
+    """The new spans of ``topic`` as passes of about ``pass_records`` records: each pass's row filter and the
+    watermarks that go in with it."""
+    traj = lake.table("trajectories")
+
+    def seen(p: int) -> int | None:
+        return None if traj is None else traj.transaction_version(f"spans:{topic}:{p}")
+
+    def below(p: int) -> int:
+        first = (
+            pl.scan_delta(spans)
+            .filter((pl.col("kafka_topic") == topic) & (pl.col("kafka_partition") == p))
+            .select(pl.col("kafka_offset").min())
+            .collect()
+            .item()
+        )
+        return -1 if first is None else int(first) - 1
+
+    ranges = unseen_ranges(spans, topic, watermark=lambda p: app_id(topic, p), seen=seen)
+    return [
+        (offsets_filter(topic, part), {f"spans:{topic}:{p}": hi for p, (_, hi) in part.items()})
+        for part in offset_passes(ranges, pass_records, below)
+    ]
+
+
 def update_trajectories(
     lake: Lake,
     kafka: KafkaSettings,
@@ -50,29 +79,66 @@ def update_trajectories(
     reward_name: str | None = None,
     now: dt.datetime | None = None,
     chunk_rollouts: int = 10_000,
+    pass_records: int = 50_000,
 ) -> StepResult:
     """Re-assemble every rollout touched by new spans, new reward events or the idle watermark.
 
     A rollout is rebuilt from every span of every trace that resolves to it (`pipelines/silver/identity.py`),
     so a piece of a trace that arrives after others, or names the rollout they did not, moves the
-    whole trace and removes the trajectory it was filed under before. Rollouts are taken
-    ``chunk_rollouts`` at a time, one commit each, so memory follows the chunk, not the backlog;
-    the watermarks go in with the last chunk. Each commit's ``updated_at`` is later than every row
-    committed before it, so the transitions step never misses a chunk it has not read yet.
+    whole trace and removes the trajectory it was filed under before. A backlog of new spans is read
+    in passes of about ``pass_records`` Kafka records (each pass plans, rebuilds and commits its
+    watermarks; a rollout with spans in two passes is rebuilt in both), and each pass's rollouts are
+    taken ``chunk_rollouts`` at a time, one commit each, so memory follows the pass and the chunk, not
+    the backlog. New reward events and idle rollouts go with the last pass. Each commit's
+    ``updated_at`` is later than every row committed before it, so the transitions step never misses
+    a chunk it has not read yet.
     """
     now = now or dt.datetime.now(dt.UTC)
     res = StepResult()
     spans_table = lake.table("spans")
     if spans_table is None:
         return res
-    spans_cond, span_txns = _offset_ranges(lake, "spans", kafka.spans_topic, "trajectories", "spans")
+    passes = _span_passes(lake, spans_table, kafka.spans_topic, pass_records)
     ev_cond, ev_txns = _offset_ranges(lake, "rewards", kafka.rewards_topic, "trajectories", "rewards")
-    spans = pl.scan_delta(spans_table)  # one snapshot for the whole run
+    for i, (spans_cond, span_txns) in enumerate(passes):
+        last = i == len(passes) - 1
+        _one_pass(
+            lake,
+            res,
+            spans_cond,
+            ev_cond if last else None,
+            {**span_txns, **(ev_txns if last else {})},
+            idle_timeout_s=idle_timeout_s,
+            idle=last,
+            reward_name=reward_name,
+            now=now,
+            chunk_rollouts=chunk_rollouts,
+        )
+    if res.rows:
+        res.extra.setdefault("finished", 0)
+        res.extra.setdefault("running", 0)
+    return res
+
+
+def _one_pass(
+    lake: Lake,
+    res: StepResult,
+    spans_cond: pl.Expr | None,
+    ev_cond: pl.Expr | None,
+    txns: dict[str, int],
+    *,
+    idle_timeout_s: float,
+    idle: bool,
+    reward_name: str | None,
+    now: dt.datetime,
+    chunk_rollouts: int,
+) -> None:
+    """Plan, rebuild and commit the rollouts one pass touches (the idle ones too when ``idle``), adding to ``res``."""
+    spans = pl.scan_delta(lake.table("spans"))  # one snapshot for the whole pass
     rewards = lake.scan("rewards")
     traj = lake.scan("trajectories")
     cutoff = now - dt.timedelta(seconds=idle_timeout_s)
-    plan = _plan_rollouts(spans, rewards, traj, spans_cond, ev_cond, cutoff)
-    txns = {**span_txns, **ev_txns}
+    plan = _plan_rollouts(spans, rewards, traj, spans_cond, ev_cond, cutoff if idle else None)
     ids = sorted(plan.rollouts)
     stamp = _next_stamp(traj, now)
     for start in range(0, max(len(ids), 1), chunk_rollouts):
@@ -98,11 +164,11 @@ def update_trajectories(
         stamp += dt.timedelta(microseconds=1)
         kept = zip(table.column("tenant").to_pylist(), table.column("rollout_id").to_pylist(), strict=True)
         removed = sorted(set(chunk) - set(kept))
-        # The replacement starts at the oldest day the chunk's stored or new rows have: delta-rs checks
-        # the IN list against every file it cannot prune by partition, so older days stay unread and
-        # the cost is the chunk's. Never a plain append, even for rollouts the table has not seen: an
-        # overwrite with a predicate is refused when a concurrent run added rows it matches (an append
-        # is not, and two runs at once would each add the same rollouts).
+        # The replacement starts at the oldest day the chunk's stored or new rows have, so delta-rs
+        # prunes the older days' files and the cost is the chunk's (`keys.predicate`). Never a plain
+        # append, even for rollouts the table has not seen: an overwrite with a predicate is refused
+        # when a concurrent run added rows it matches (an append is not, and two runs at once would
+        # each add the same rollouts).
         replace = keys.predicate(chunk, "rollout_id")
         if (low := plan.lowest_day(chunk, table.column("day"))) is not None:
             replace = f"day >= '{low.isoformat()}' AND ({replace})"
@@ -123,10 +189,6 @@ def update_trajectories(
             if count["values"] in ("finished", "running"):
                 res.extra[count["values"]] = res.extra.get(count["values"], 0) + count["counts"]
         del rows, events, table  # before the next chunk loads: one chunk in memory at a time
-    if res.rows:
-        res.extra.setdefault("finished", 0)
-        res.extra.setdefault("running", 0)
-    return res
 
 
 def _events_of(rewards: pl.LazyFrame, rows: pl.DataFrame, chunk: list[keys.Key]) -> pl.DataFrame:
@@ -187,7 +249,7 @@ def _plan_rollouts(
     traj: pl.LazyFrame | None,
     spans_cond: pl.Expr | None,
     ev_cond: pl.Expr | None,
-    cutoff: dt.datetime,
+    cutoff: dt.datetime | None,
 ) -> _RolloutPlan:
     """Which rollouts a run must rebuild, and from which traces.
 
@@ -234,8 +296,9 @@ def _plan_rollouts(
         for tenant, rid, tid, day in per_trace.iter_rows():
             plan.add((tenant, rid), [tid], day)
     if traj is not None:
-        stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff))
-        named.update(stale.select("tenant", "rollout_id").collect().iter_rows())
+        if cutoff is not None:  # idle rollouts: None leaves them to another pass
+            stale = traj.filter((pl.col("status") == "running") & (pl.col("end_time") < cutoff))
+            named.update(stale.select("tenant", "rollout_id").collect().iter_rows())
         touched_traces = plan.first_day.keys() | {(r[0], t) for r, ts in plan.traces.items() for t in ts}
         wanted = plan.rollouts | named
         if wanted or touched_traces:
