@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import polars as pl  # noqa: E402
 
-from benchmarks.lake_builder import build_lake  # noqa: E402
+from benchmarks.lake_builder import build_lake, ensure_template  # noqa: E402
 from pipelines.bronze.decoders import decode_batch  # noqa: E402
 from pipelines.bronze.decoding import KafkaRecord  # noqa: E402
 from pipelines.bronze.positions import app_id  # noqa: E402
@@ -62,14 +62,18 @@ def increment_spans(path: str, rollouts: int) -> pl.DataFrame:
     return pl.read_parquet(path)
 
 
-def one(n: int, rollouts: int, root: str) -> None:
+def _base(n: int, same_day: bool) -> str:
+    return f"{'oneday' if same_day else 'base'}{n}"
+
+
+def one(n: int, rollouts: int, root: str, same_day: bool = False) -> None:
     """The increment on a copy of the built lake of ``n`` rollouts; one row of the table."""
     spans = increment_spans(os.path.join(root, f"inc{rollouts}.parquet"), rollouts).to_arrow()
     txns = {app_id("new", p): (rollouts - 1) // PARTITIONS for p in range(PARTITIONS)}
     work = Lake(os.path.join(root, "run"))
     shutil.rmtree(work.root, ignore_errors=True)
     if n:
-        shutil.copytree(os.path.join(root, f"base{n}"), work.root)
+        shutil.copytree(os.path.join(root, _base(n, same_day)), work.root)
     work.write("spans", spans, txns=txns)
     c0, t0 = _cpu(), time.perf_counter()
     update_trajectories(work, KAFKA, idle_timeout_s=300)
@@ -85,27 +89,27 @@ def main() -> None:
     ap.add_argument("sizes", nargs="*", type=int, help="lake sizes in rollouts (0: an empty lake)")
     ap.add_argument("--rollouts", type=int, default=10_000, help="the increment")
     ap.add_argument("--work", default="/tmp/agentlake-bench-increment")
+    ap.add_argument(
+        "--same-day",
+        action="store_true",
+        help="the lake's rollouts all on the increment's own day (one busy day's partition), not on the days before",
+    )
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     if args.one is not None:
-        return one(args.one, args.rollouts, args.work)
-    spans = increment_spans(os.path.join(args.work, f"inc{args.rollouts}.parquet"), args.rollouts).to_arrow()
-    txns = {app_id("new", p): (args.rollouts - 1) // PARTITIONS for p in range(PARTITIONS)}
-    template = Lake(os.path.join(args.work, "template"))
-    if not os.path.exists(template.root):
-        template.write("spans", spans, txns=txns)
-        update_trajectories(template, KAFKA, idle_timeout_s=300)
-        update_transitions(template, CreditSettings())
+        return one(args.one, args.rollouts, args.work, args.same_day)
+    template = ensure_template(args.work, args.rollouts)
     print(f"{'lake rollouts':>14}{'traj s':>9}{'trans s':>9}{'traj cpu s':>12}{'trans cpu s':>13}{'peak RSS MB':>13}")
     for n in args.sizes:
-        base = os.path.join(args.work, f"base{n}")
+        base = os.path.join(args.work, _base(n, args.same_day))
         if n and not os.path.exists(base):
-            build_lake(template, Lake(base), n)
+            build_lake(template, Lake(base), n, same_day=args.same_day)
         # each size in its own process (not a fork: polars' and delta-rs' thread pools do not survive one),
         # so its peak RSS is its own
         subprocess.run(
-            [sys.executable, __file__, "--one", str(n), "--rollouts", str(args.rollouts), "--work", args.work],
+            [sys.executable, __file__, "--one", str(n), "--rollouts", str(args.rollouts), "--work", args.work]
+            + (["--same-day"] if args.same_day else []),
             check=True,
         )
 

@@ -75,8 +75,13 @@ def build_lake(
     per_day: int = 30_000,
     old_topic: str = "bench.spans.old",
     scatter: bool = True,
+    same_day: bool = False,
 ) -> dict[str, Any]:
-    """Append copies of ``template``'s rollouts to ``lake`` until it holds at least ``rollouts``."""
+    """Append copies of ``template``'s rollouts to ``lake`` until it holds at least ``rollouts``.
+
+    ``same_day``: every copy on the template's own day (``per_day`` ignored), as the increments of one
+    busy day pile up in its partition, where pruning by day does not help.
+    """
     t0 = time.perf_counter()
     frames = {n: pl.read_delta(template.uri(n)) for n in ("spans", "trajectories", "transitions")}
     per_copy = frames["trajectories"].height
@@ -85,7 +90,7 @@ def build_lake(
     parts = sorted(frames["spans"]["kafka_partition"].unique().to_list())
     for k in range(copies):
         # the newest copies one day back, older ones further: per_day rollouts a day
-        days_back = 1 + (copies - 1 - k) * per_copy // per_day
+        days_back = 0 if same_day else 1 + (copies - 1 - k) * per_copy // per_day
         last = k == copies - 1
         for name in ("spans", "trajectories", "transitions"):
             txns: dict[str, int] | None = None
@@ -103,8 +108,9 @@ def build_lake(
     return {"rollouts": copies * per_copy, "copies": copies, "seconds": time.perf_counter() - t0}
 
 
-def ensure_template(root: str) -> Lake:
-    """The template lake under ``root``: the real steps on bench_increment's 10,000 rollouts (made once)."""
+def ensure_template(root: str, rollouts: int = 10_000) -> Lake:
+    """The template lake under ``root``: the real steps on bench_increment's first ``rollouts`` rollouts
+    (made once; ``template`` for the default 10,000, ``template<rollouts>`` otherwise)."""
     import os
 
     from benchmarks.bench_increment import KAFKA, PARTITIONS, increment_spans  # lazy: it imports this module
@@ -113,10 +119,11 @@ def ensure_template(root: str) -> Lake:
     from schemas.config import CreditSettings
 
     os.makedirs(root, exist_ok=True)
-    template = Lake(os.path.join(root, "template"))
+    template = Lake(os.path.join(root, "template" if rollouts == 10_000 else f"template{rollouts}"))
     if not os.path.exists(template.root):
-        spans = increment_spans(os.path.join(root, "inc10000.parquet"), 10_000).to_arrow()
-        template.write("spans", spans, txns={app_id("new", p): 9_999 // PARTITIONS for p in range(PARTITIONS)})
+        spans = increment_spans(os.path.join(root, f"inc{rollouts}.parquet"), rollouts).to_arrow()
+        last = (rollouts - 1) // PARTITIONS
+        template.write("spans", spans, txns={app_id("new", p): last for p in range(PARTITIONS)})
         update_trajectories(template, KAFKA, idle_timeout_s=300)
         update_transitions(template, CreditSettings())
     return template

@@ -352,6 +352,31 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def read_matching(scan: pl.LazyFrame, where: pl.Expr, locator: Sequence[str]) -> pl.DataFrame:
+    """The rows of ``scan`` (one Delta snapshot) that match ``where``, whole rows read only from the files
+    that can hold one.
+
+    Polars reads whole rows of every file a filter cannot prune, then filters: finding a chunk's
+    10,000 rollouts in a day of 2.4M spans read all of that day (1.2 s for 400 rows). So this reads
+    ``where``'s columns and the ``locator`` first (cheap: a few columns), then whole rows where the
+    locator has one of the values found, which the files' statistics prune: ``locator`` columns are
+    ones each commit writes a narrow range of (Kafka partition and offset for `spans`, the step's
+    ``updated_at`` stamp for `trajectories`); the last is matched by value, the others grouped by. The
+    result is exactly ``scan.filter(where)``: every matching row's locator is among those found.
+    """
+    *groups, last = locator
+    found = scan.filter(where).select(*locator).unique().collect()
+    if found.is_empty():
+        return scan.clear().collect()
+    if found.null_count().sum_horizontal().item():  # a null locator matches no value: read as it is
+        return scan.filter(where).collect(engine="streaming")
+    near: pl.Expr = pl.lit(False)
+    for key, part in found.group_by(groups) if groups else [((), found)]:
+        same = [pl.col(c) == v for c, v in zip(groups, key, strict=True)]
+        near = near | pl.all_horizontal(*same, pl.col(last).is_in(part[last].unique().to_list()))
+    return scan.filter(near & where).collect(engine="streaming")
+
+
 def in_list(column: str, values: list[str]) -> str:
     """``column IN ('a', 'b')`` with each value quoted."""
     return f"{column} IN ({', '.join(sql_string(v) for v in values)})"

@@ -26,7 +26,7 @@ from pipelines.gold.transitions import build
 from pipelines.silver.trajectories_step import REMOVED_KEY
 from pipelines.steps import StepResult, group_chunks, pairs
 from schemas.config import CreditSettings
-from schemas.lake import Lake
+from schemas.lake import Lake, read_matching
 from schemas.tables import CREDIT_METADATA_KEY
 
 TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
@@ -112,14 +112,11 @@ def update_transitions(
     merge_breaks: Counter[str] = Counter()
     reward_sum, rewarded = 0.0, 0
     for i, groups in enumerate(chunks):
-        picked = traj.filter(
-            pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups])
-        )
-        # the key columns first, then whole rows from the partitions that hold them only
-        low = picked.select(pl.col("day").min()).collect().item()
-        if low is not None:
-            picked = picked.filter(pl.col("day") >= low)
-        rows = keys.keep(picked.with_columns(group).collect(engine="streaming"), groups, "group_id").drop("group_id")
+        picked = pl.col("tenant").is_in(sorted({t for t, _ in groups})) & group.is_in([g for _, g in groups])
+        # the key columns first, then whole rows only from the files that hold the chunk's (each chunk
+        # commit of the trajectories step stamps its rows with one updated_at)
+        rows = read_matching(traj, picked, ["updated_at"])
+        rows = keys.keep(rows.with_columns(group), groups, "group_id").drop("group_id")
         known, held = _known_baselines(previous, groups) if baseline is not None else (None, None)
         out = build(
             rows,

@@ -22,9 +22,10 @@ from pipelines.silver.trajectories import assemble, empty_rewards
 from pipelines.steps import StepResult, offset_passes, pairs
 from schemas import attributes as A
 from schemas.config import KafkaSettings
-from schemas.lake import Lake, offsets_filter, unseen_offsets, unseen_ranges
+from schemas.lake import Lake, offsets_filter, read_matching, unseen_offsets, unseen_ranges
 
 REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
+SPAN_LOCATOR = ["kafka_topic", "kafka_partition", "kafka_offset"]  # where a span row sits: narrow per commit
 
 
 def _offset_ranges(
@@ -153,7 +154,7 @@ def _one_pass(
         days = [plan.first_day[t] for t in traces if t in plan.first_day]
         if days and len(days) == len(traces):
             load = (pl.col("day") >= min(days)) & load
-        rows = keys.keep(spans.filter(load).collect(engine="streaming"), traces, "trace_id")
+        rows = keys.keep(read_matching(spans, load, SPAN_LOCATOR), traces, "trace_id")
         rows = keys.keep(resolve_rollouts(rows), chunk, "rollout_id")
         events = empty_rewards()
         if rewards is not None and rows.height:

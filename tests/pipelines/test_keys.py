@@ -1,12 +1,14 @@
 """`keys.predicate` as delta-rs evaluates it: exactly the rows of the (tenant, id) pairs, short lists and long
 ones (those skip the file statistics, `keys.PRUNED_IN_LIST`), and a replacement by it still refuses a
-concurrent writer that added the same rows."""
+concurrent writer that added the same rows. `schemas.lake.read_matching`, the two-phase read by key,
+against a plain filter."""
 
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -15,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines import keys
+from schemas.lake import read_matching
 
 TENANTS = ["default", "acme", "o'brien"]
 IDS = st.text(alphabet=st.sampled_from("ab'%_-\\é 0"), min_size=1, max_size=6)
@@ -77,3 +80,35 @@ def test_two_replacements_of_the_same_new_rollouts_from_one_snapshot_land_once(t
     with pytest.raises(CommitFailedError):
         write_deltalake(second, new, mode="overwrite", predicate=pred)
     assert DeltaTable(path).to_pyarrow_table().num_rows == n + 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    commits=st.lists(
+        st.lists(st.tuples(st.sampled_from(TENANTS), IDS, st.integers(0, 2)), min_size=1, max_size=15),
+        min_size=1,
+        max_size=5,
+    ),
+    wanted=st.lists(st.tuples(st.sampled_from(TENANTS), IDS), max_size=10),
+)
+def test_read_matching_reads_what_a_filter_reads(
+    tmp_path: Path, commits: list[list[tuple[str, str, int]]], wanted: list[tuple[str, str]]
+) -> None:
+    """Rows written in several commits, each with its own offsets (the locator), read back by key:
+    the two-phase read returns exactly what one filter does."""
+    path = str(tmp_path / f"t{len(list(tmp_path.iterdir()))}")
+    offset = 0
+    for n, rows in enumerate(commits):
+        data = _table([(t, r, dt.date(2026, 11, 1) + dt.timedelta(days=d)) for t, r, d in rows]).append_column(
+            "kafka_partition", pa.array([n % 2] * len(rows), pa.int32())
+        )
+        data = data.append_column("kafka_offset", pa.array(range(offset, offset + len(rows)), pa.int64()))
+        offset += len(rows)
+        write_deltalake(path, data, mode="append", partition_by=["day"])
+    scan = pl.scan_delta(DeltaTable(path))
+    where = keys.among(wanted, "rollout_id")
+    got = read_matching(scan, where, ["kafka_partition", "kafka_offset"])
+    want = scan.filter(where).collect()
+    assert got.schema == want.schema
+    assert got.sort("kafka_offset").equals(want.sort("kafka_offset"))
+    assert keys.keep(got, wanted, "rollout_id").height == keys.keep(want, wanted, "rollout_id").height
