@@ -105,6 +105,7 @@ def update_trajectories(
         last = i == len(passes) - 1
         _one_pass(
             lake,
+            spans_table,
             res,
             spans_cond,
             ev_cond if last else None,
@@ -123,6 +124,7 @@ def update_trajectories(
 
 def _one_pass(
     lake: Lake,
+    spans_table: DeltaTable,
     res: StepResult,
     spans_cond: pl.Expr | None,
     ev_cond: pl.Expr | None,
@@ -135,7 +137,7 @@ def _one_pass(
     chunk_rollouts: int,
 ) -> None:
     """Plan, rebuild and commit the rollouts one pass touches (the idle ones too when ``idle``), adding to ``res``."""
-    spans = pl.scan_delta(lake.table("spans"))  # one snapshot for the whole pass
+    spans = pl.scan_delta(spans_table)  # the snapshot the passes were cut from
     rewards = lake.scan("rewards")
     traj = lake.scan("trajectories")
     cutoff = now - dt.timedelta(seconds=idle_timeout_s)
