@@ -45,9 +45,10 @@ def keep(df: pl.DataFrame, pairs: Iterable[Key], column: str) -> pl.DataFrame:
 
 # Longest ``IN`` list left for delta-rs to check against file statistics. DataFusion prunes files by
 # the min/max of a short list only, yet still checks a long one against every file of the table, even
-# those a ``day`` bound has already pruned: 10,000 ids cost 0.03 s per file (deltalake 1.6), so a
-# replacement's cost grew with the table. Wrapped in ``concat`` the column has no statistics to check:
-# the files left after partition pruning are read and the list is matched as a hash set.
+# those a ``day`` bound has already pruned: 10,000 ids cost up to 0.03 s per file (deltalake 1.6; less
+# once a checkpoint holds the statistics), so a replacement's cost grew with the table. Wrapped in
+# ``concat`` the column has no statistics to check: the files left after partition pruning are read
+# and the list is matched as a hash set.
 PRUNED_IN_LIST = 20
 
 

@@ -39,9 +39,14 @@ def _offset_ranges(
         src,
         topic,
         watermark=lambda p: app_id(topic, p),
-        seen=lambda p: lake.txn(target, f"{prefix}:{topic}:{p}"),
-        seen_app=lambda p: f"{prefix}:{topic}:{p}",
+        seen=lambda p: lake.txn(target, _seen_app(prefix, topic, p)),
+        seen_app=lambda p: _seen_app(prefix, topic, p),
     )
+
+
+def _seen_app(prefix: str, topic: str, partition: int) -> str:
+    """The app id under which `trajectories` records how far it read ``topic``'s ``partition`` of a source."""
+    return f"{prefix}:{topic}:{partition}"
 
 
 Pass = tuple[pl.Expr | None, dict[str, int]]  # a pass's row filter of `spans` and the watermarks it commits
@@ -53,7 +58,7 @@ def _span_passes(lake: Lake, spans: DeltaTable, topic: str, pass_records: int) -
     traj = lake.table("trajectories")
 
     def seen(p: int) -> int | None:
-        return None if traj is None else traj.transaction_version(f"spans:{topic}:{p}")
+        return None if traj is None else traj.transaction_version(_seen_app("spans", topic, p))
 
     def below(p: int) -> int:
         first = (
@@ -67,7 +72,7 @@ def _span_passes(lake: Lake, spans: DeltaTable, topic: str, pass_records: int) -
 
     ranges = unseen_ranges(spans, topic, watermark=lambda p: app_id(topic, p), seen=seen)
     return [
-        (offsets_filter(topic, part), {f"spans:{topic}:{p}": hi for p, (_, hi) in part.items()})
+        (offsets_filter(topic, part), {_seen_app("spans", topic, p): hi for p, (_, hi) in part.items()})
         for part in offset_passes(ranges, pass_records, below)
     ]
 
