@@ -397,21 +397,31 @@ def unseen_ranges(
     ``watermark(p)``). Partitions with nothing new are left out.
     The one watermark scan of the lake: the trajectories step and the copy of reward spans use it.
     """
-    partitions = sorted(
-        pl.scan_delta(source)
-        .filter(pl.col("kafka_topic") == topic)
-        .select("kafka_partition")
-        .unique()
-        .collect()["kafka_partition"]
-        .to_list()
-    )
     out: OffsetRanges = {}
-    for p in partitions:
+    for p in kafka_partitions(source, topic):
         hi = source.transaction_version(watermark(p))
         lo = seen(p)
         if hi is not None and (lo is None or lo < hi):
             out[p] = (lo, hi)
     return out
+
+
+def kafka_partitions(source: DeltaTable, topic: str) -> list[int]:
+    """Partitions the Kafka-fed ``source`` may hold rows of ``topic`` in: a superset, from its files' statistics.
+
+    No data is read: the partition column's min and max per file are in the Delta log, so the cost follows
+    the number of files, not of rows (reading the column itself was 0.1 s on a day of 2.4M spans, and grew
+    with the lake). A file written without statistics sends it back to reading the column.
+    """
+    bounds = ["min.kafka_partition", "max.kafka_partition"]
+    adds = pl.DataFrame(source.get_add_actions(flatten=True))
+    if adds.is_empty():
+        return []
+    if any(c not in adds.columns for c in bounds) or adds.select(bounds).null_count().sum_horizontal().item():
+        column = pl.scan_delta(source).filter(pl.col("kafka_topic") == topic).select("kafka_partition").unique()
+        return sorted(column.collect()["kafka_partition"].to_list())
+    spans = adds.select(bounds).unique().rows()
+    return sorted({p for lo, hi in spans for p in range(int(lo), int(hi) + 1)})
 
 
 def offsets_filter(topic: str, ranges: OffsetRanges) -> pl.Expr | None:

@@ -32,6 +32,10 @@ from schemas.tables import CREDIT_METADATA_KEY
 TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
 TRAJ_VERSION = "trajectories.version"  # the `trajectories` version the transitions step last read
 BASELINE_KEY = "agentlake.running_baseline"
+# Every commit of this step sets this app transaction to one more than the value its run read, and expects
+# that value still there: two runs at once cannot both commit, so groups the table holds no rows of yet
+# are appended, not replaced (a replacement reads the group ids of every file of its days).
+STEP_MARK = "transitions:step"
 
 
 def update_transitions(
@@ -59,7 +63,9 @@ def update_transitions(
     if traj_table is None:
         return res
     traj = pl.scan_delta(traj_table)  # one snapshot for the whole run
-    mark = lake.txn("transitions", TRAJ_FROM_TRANSITIONS)
+    trans_table = lake.table("transitions")  # and one of its own: positions, the chain, the stored rows
+    mark = _txn(trans_table, TRAJ_FROM_TRANSITIONS)
+    chain = _txn(trans_table, STEP_MARK)
     changed = traj
     if mark is not None:
         changed = traj.filter(pl.col("updated_at") > dt.datetime.fromtimestamp(mark / 1e6, dt.UTC))
@@ -67,7 +73,7 @@ def update_transitions(
     # when each rollout's reward became known: the running baseline's order, which the chunks follow
     columns = ["tenant", group, "rollout_id", pl.col("updated_at").dt.epoch("us"), known_at(credit).alias("_known_at")]
     touched = changed.select(columns).collect()
-    lapsed_rows, expired_until = lapsed(traj, credit, now, lake.txn("transitions", EXPIRED_UNTIL))
+    lapsed_rows, expired_until = lapsed(traj, credit, now, _txn(trans_table, EXPIRED_UNTIL))
     if lapsed_rows is not None:
         late = lapsed_rows.select(columns).collect()
         touched_or_lapsed = pl.concat([touched, late]).unique(keys.ROLLOUT, keep="first")
@@ -75,10 +81,10 @@ def update_transitions(
         touched_or_lapsed = touched
     # Rollouts the trajectories step removed (their trace joined another rollout), and the groups
     # changed rollouts were filed under before (a task id that arrived late): their old rows must go.
-    seen_version = lake.txn("transitions", TRAJ_VERSION)
+    seen_version = _txn(trans_table, TRAJ_VERSION)
     removed, removed_any_tenant = removed_rollouts(traj_table, seen_version)
     sizes = touched_or_lapsed.group_by(keys.GROUP).agg(pl.len(), pl.col("_known_at").min())
-    previous = lake.scan("transitions")
+    previous = None if trans_table is None else pl.scan_delta(trans_table)
     if previous is not None and (removed or removed_any_tenant or touched_or_lapsed.height):
         lookup = pairs(touched_or_lapsed, "rollout_id") | removed
         ids = sorted({r for _, r in lookup} | removed_any_tenant)
@@ -105,7 +111,7 @@ def update_transitions(
     chunks = group_chunks(list(sizes.select(keys.GROUP).iter_rows()), sizes["len"].to_list(), chunk_rollouts)
     baseline: RunningBaseline | TenantBaselines | None = None
     if is_stateful(credit.advantage):
-        baseline = TenantBaselines.from_json(saved_baseline(lake))
+        baseline = TenantBaselines.from_json(saved_baseline(lake, trans_table))
     dropped: dict[str, int] = {}
     mismatches = defaulted = 0
     token_status: Counter[str] = Counter()
@@ -132,18 +138,19 @@ def update_transitions(
         last = i == len(chunks) - 1
         # The baseline goes in with the watermark: a rerun after a crash between chunks starts again
         # from the baseline the watermark belongs to, and counts no rollout twice.
-        replace = _replacement(previous, groups, out.table)
         res.version = lake.write(
             "transitions",
             out.table,
             txns=marks if last else None,
-            mode="overwrite",  # never append: see _replacement
-            predicate=replace,
             metadata={
                 CREDIT_METADATA_KEY: credit.model_dump_json(),  # what a trained version's lineage reports
                 **({BASELINE_KEY: baseline.to_json()} if last and baseline is not None else {}),
             },
+            expect={STEP_MARK: chain},
+            marks={STEP_MARK: (chain or 0) + 1},
+            **_replacing(previous, groups, out.table),
         )
+        chain = (chain or 0) + 1
         res.rows += out.table.num_rows
         res.rollouts += out.rollouts
         defaulted += out.defaulted
@@ -172,23 +179,31 @@ def update_transitions(
     return res
 
 
-def _replacement(previous: pl.LazyFrame | None, groups: list[keys.Key], new: Any) -> str:
-    """The Delta predicate for the rows of ``groups`` that ``new`` replaces. It starts at the oldest day
-    the stored or new rows have, so older partitions stay unread (delta-rs checks the IN list against
-    every file it cannot prune by partition): the cost of the chunk, not of the table. Groups the table
-    holds no rows of are written the same way, not appended: an overwrite with a predicate is refused
-    when a concurrent run added rows it matches, and two appends at once would both land."""
+def _txn(table: DeltaTable | None, app_id: str) -> int | None:
+    return None if table is None else table.transaction_version(app_id)
+
+
+def _replacing(previous: pl.LazyFrame | None, groups: list[keys.Key], new: Any) -> dict[str, Any]:
+    """How a chunk's rows of ``groups`` go in: appended when the table holds none of those groups' rows,
+    else replacing them with a Delta predicate. It starts at the oldest day the stored or new rows have,
+    so older partitions stay unread (delta-rs reads the group ids of every file it cannot prune by
+    partition): the cost of the chunk and its days, not of the table. The append skips even that; the
+    step's commit chain (``STEP_MARK``) refuses a concurrent run's commit, so no group lands twice."""
     replace = keys.predicate(groups, "group_id")
     days = [pc.min(new.column("day")).as_py() if new.num_rows else None]
     if previous is not None:
         stored = previous.filter(keys.among(groups, "group_id")).select(*keys.GROUP, "day").unique().collect()
         stored = keys.keep(stored, groups, "group_id")
+        if stored.is_empty():
+            return {"mode": "append"}
         if stored["day"].null_count():
-            return replace
+            return {"mode": "overwrite", "predicate": replace}
         days.append(stored["day"].min())
+    else:
+        return {"mode": "append"}
     if (low := min((d for d in days if d is not None), default=None)) is not None:
         replace = f"day >= '{low.isoformat()}' AND ({replace})"
-    return replace
+    return {"mode": "overwrite", "predicate": replace}
 
 
 def _known_baselines(
@@ -235,13 +250,14 @@ def removed_rollouts(traj: DeltaTable, after: int | None) -> tuple[set[keys.Key]
     return out, bare
 
 
-def saved_baseline(lake: Lake) -> str | None:
-    """The running baseline of the newest `transitions` commit that carries one.
+def saved_baseline(lake: Lake, table: DeltaTable | None = None) -> str | None:
+    """The running baseline of the newest `transitions` commit that carries one (of ``table``, a snapshot
+    of the lake's `transitions`, when given).
 
     Not simply the newest commit's: chunk commits before the last one and compaction commits carry
     none, and reading those as "no baseline" would start it over.
     """
-    table = lake.table("transitions")
+    table = lake.table("transitions") if table is None else table
     if table is None:
         return None
 

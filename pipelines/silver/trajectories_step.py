@@ -26,6 +26,10 @@ from schemas.lake import Lake, offsets_filter, read_matching, unseen_offsets, un
 
 REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
 SPAN_LOCATOR = ["kafka_topic", "kafka_partition", "kafka_offset"]  # where a span row sits: narrow per commit
+# Every commit of this step sets this app transaction to one more than the value its plan read, and expects
+# that value still there: two runs planned on one snapshot cannot both commit (the second is refused, nothing
+# lands), whatever their rows, so rollouts the table has not seen can be appended rather than replaced.
+STEP_MARK = "trajectories:step"
 
 
 def _offset_ranges(
@@ -144,7 +148,9 @@ def _one_pass(
     """Plan, rebuild and commit the rollouts one pass touches (the idle ones too when ``idle``), adding to ``res``."""
     spans = pl.scan_delta(spans_table)  # the snapshot the passes were cut from
     rewards = lake.scan("rewards")
-    traj = lake.scan("trajectories")
+    traj_table = lake.table("trajectories")
+    traj = None if traj_table is None else pl.scan_delta(traj_table)
+    mark = None if traj_table is None else traj_table.transaction_version(STEP_MARK)
     cutoff = now - dt.timedelta(seconds=idle_timeout_s)
     plan = _plan_rollouts(spans, rewards, traj, spans_cond, ev_cond, cutoff if idle else None)
     ids = sorted(plan.rollouts)
@@ -152,17 +158,14 @@ def _one_pass(
     for start in range(0, max(len(ids), 1), chunk_rollouts):
         chunk = ids[start : start + chunk_rollouts]
         last = start + chunk_rollouts >= len(ids)
+        expect, mark = {STEP_MARK: mark}, (mark or 0) + 1
         if not chunk:
             if txns:
-                res.version = lake.write("trajectories", _empty_table("trajectories"), txns=txns)
+                res.version = lake.write(
+                    "trajectories", _empty_table("trajectories"), txns=txns, expect=expect, marks={STEP_MARK: mark}
+                )
             break
-        traces = sorted({(r[0], t) for r in chunk for t in plan.traces.get(r, ())})
-        load = keys.among(traces, "trace_id")
-        days = [plan.first_day[t] for t in traces if t in plan.first_day]
-        if days and len(days) == len(traces):
-            load = (pl.col("day") >= min(days)) & load
-        rows = keys.keep(read_matching(spans, load, SPAN_LOCATOR), traces, "trace_id")
-        rows = keys.keep(resolve_rollouts(rows), chunk, "rollout_id")
+        rows = keys.keep(_chunk_spans(spans, spans_cond, plan, chunk), chunk, "rollout_id")
         events = empty_rewards()
         if rewards is not None and rows.height:
             events = _events_of(rewards, rows, chunk)
@@ -172,21 +175,14 @@ def _one_pass(
         stamp += dt.timedelta(microseconds=1)
         kept = zip(table.column("tenant").to_pylist(), table.column("rollout_id").to_pylist(), strict=True)
         removed = sorted(set(chunk) - set(kept))
-        # The replacement starts at the oldest day the chunk's stored or new rows have, so delta-rs
-        # prunes the older days' files and the cost is the chunk's (`keys.predicate`). Never a plain
-        # append, even for rollouts the table has not seen: an overwrite with a predicate is refused
-        # when a concurrent run added rows it matches (an append is not, and two runs at once would
-        # each add the same rollouts).
-        replace = keys.predicate(chunk, "rollout_id")
-        if (low := plan.lowest_day(chunk, table.column("day"))) is not None:
-            replace = f"day >= '{low.isoformat()}' AND ({replace})"
         res.version = lake.write(
             "trajectories",
             table,
             txns=txns if last else None,
-            mode="overwrite",
-            predicate=replace,
             metadata={REMOVED_KEY: json.dumps([list(r) for r in removed])} if removed else None,
+            expect=expect,
+            marks={STEP_MARK: mark},
+            **_replacing(plan, chunk, table),
         )
         if removed:
             res.extra["removed"] = res.extra.get("removed", 0) + len(removed)
@@ -197,6 +193,49 @@ def _one_pass(
             if count["values"] in ("finished", "running"):
                 res.extra[count["values"]] = res.extra.get(count["values"], 0) + count["counts"]
         del rows, events, table  # before the next chunk loads: one chunk in memory at a time
+
+
+def _chunk_spans(
+    spans: pl.LazyFrame, spans_cond: pl.Expr | None, plan: _RolloutPlan, chunk: list[keys.Key]
+) -> pl.DataFrame:
+    """Every span of the traces ``chunk``'s rollouts are made of, each resolved to its rollout.
+
+    A trace no stored trajectory holds has no span below the pass's offsets: every span already read was
+    assembled into the trajectory its trace resolved to, and that trajectory lists the trace. So a trace that
+    arrived in this pass and is held by none is read from the pass's offsets alone, which the files' offset
+    statistics prune (the cost of the increment); the others are looked up by trace id from their first day.
+    """
+    traces = sorted({(r[0], t) for r in chunk for t in plan.traces.get(r, ())})
+    fresh = [t for t in traces if t in plan.arrived and t not in plan.held]
+    older = [t for t in traces if t not in plan.arrived or t in plan.held]
+    parts = []
+    if fresh and spans_cond is not None:
+        parts.append(read_matching(spans, spans_cond & keys.among(fresh, "trace_id"), SPAN_LOCATOR))
+    if older:
+        load = keys.among(older, "trace_id")
+        days = [plan.first_day[t] for t in older if t in plan.first_day]
+        if days and len(days) == len(older):
+            load = (pl.col("day") >= min(days)) & load
+        parts.append(read_matching(spans, load, SPAN_LOCATOR))
+    if not parts:
+        return resolve_rollouts(spans.clear().collect())
+    return resolve_rollouts(keys.keep(pl.concat(parts), traces, "trace_id"))
+
+
+def _replacing(plan: _RolloutPlan, chunk: list[keys.Key], table: Any) -> dict[str, Any]:
+    """How a chunk's rows go in: appended when none of its rollouts has a row yet, else replacing theirs.
+
+    The replacement starts at the oldest day the chunk's stored or new rows have, so delta-rs prunes the
+    older days' files (`keys.predicate`); it still reads the rollout ids of every file of those days, the
+    cost of the day's traffic. A chunk of rollouts the table has not seen skips that: the step's commit chain
+    (``STEP_MARK``) refuses a concurrent run's commit, so an append cannot add a rollout twice.
+    """
+    if not any(r in plan.stored_day for r in chunk):
+        return {"mode": "append"}
+    replace = keys.predicate(chunk, "rollout_id")
+    if (low := plan.lowest_day(chunk, table.column("day"))) is not None:
+        replace = f"day >= '{low.isoformat()}' AND ({replace})"
+    return {"mode": "overwrite", "predicate": replace}
 
 
 def _events_of(rewards: pl.LazyFrame, rows: pl.DataFrame, chunk: list[keys.Key]) -> pl.DataFrame:
@@ -227,6 +266,8 @@ class _RolloutPlan:
     first_day: dict[keys.Key, dt.date] = field(default_factory=dict)
     # the day of each rollout's row in `trajectories` (None: a row without one); absent: no row yet
     stored_day: dict[keys.Key, dt.date | None] = field(default_factory=dict)
+    arrived: set[keys.Key] = field(default_factory=set)  # (tenant, trace id) of the pass's new spans
+    held: set[keys.Key] = field(default_factory=set)  # (tenant, trace id) a stored trajectory lists
 
     def lowest_day(self, chunk: list[keys.Key], new_days: Any) -> dt.date | None:
         """A day no stored or new row of ``chunk`` is older than (None: none known), so that the
@@ -271,6 +312,7 @@ def _plan_rollouts(
     named: set[keys.Key] = set()
     if spans_cond is not None:
         touched.append(spans.filter(spans_cond).select(_TOUCHED_COLUMNS).collect())
+        plan.arrived.update(pairs(touched[0], "trace_id"))
     if ev_cond is not None and rewards is not None:
         ev = rewards.filter(ev_cond).select("tenant", "rollout_id", "trace_id", "llm_response_id").collect()
         named.update(pairs(ev, "rollout_id"))
@@ -323,6 +365,7 @@ def _plan_rollouts(
             )
             for tenant, rid, tids, day in old.iter_rows():
                 plan.stored_day[(tenant, rid)] = day
+                plan.held.update((tenant, t) for t in tids or ())
                 if (tenant, rid) in wanted or any((tenant, t) in touched_traces for t in tids or ()):
                     plan.add((tenant, rid), tids or [], day)
     for rk in named - plan.rollouts:

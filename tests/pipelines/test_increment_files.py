@@ -1,6 +1,6 @@
-"""An increment rewrites only what it changes: new rollouts and a changed one are written from their own
-day on, and the files of older days are left alone (issue 28: cost follows the increment). New rollouts
-are not appended: two runs at once must not both add them."""
+"""An increment rewrites only what it changes: rollouts (and groups) the lake has not seen are appended,
+a changed one is replaced from its own day on, and the files of older days are left alone (issue 28: cost
+follows the increment). Two runs at once cannot both add the same new rollouts: tests/pipelines/test_step_chain.py."""
 
 from __future__ import annotations
 
@@ -42,18 +42,16 @@ def test_new_and_changed_rollouts_are_written_from_their_own_day(tmp_path: Path)
     update_transitions(lake, credit, now=now)
     old_traj, old_trans = _files(lake, "trajectories"), _files(lake, "transitions")
 
-    # rollouts the lake has never seen: written from their day on, the old day's files untouched
+    # rollouts the lake has never seen, of tasks it has not seen: appended, nothing read or rewritten
     x = Rollout("x", task_id="t-x", calls=[Call(prompt=[1], response=[2], response_id="a")], t0_ns=T0, end_root=False)
     y = Rollout("y", task_id="t-y", calls=[Call(prompt=[3], response=[4])], t0_ns=T0, final_reward=1.0)
     ingest_direct(lake, "s", [x, y], 1)
     update_trajectories(lake, kafka, idle_timeout_s=1e9, now=now)
-    new_day = dt.datetime.fromtimestamp(T0 / 1e9, dt.UTC).date().isoformat()
     for table in ("trajectories", "transitions"):
         if table == "transitions":
             update_transitions(lake, credit, now=now)
         params = _last_write(lake, table)
-        assert params.get("mode") == "Overwrite"
-        assert str(params.get("predicate", "")).startswith(f"day >= '{new_day}'")
+        assert params.get("mode") == "Append" and "predicate" not in params
     assert old_traj <= _files(lake, "trajectories")
     assert old_trans <= _files(lake, "transitions")
 

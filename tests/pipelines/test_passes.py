@@ -3,7 +3,8 @@
 Generated workloads: rollouts exported in pieces, the pieces of one trace on its partition in any order
 among the others, some rollouts still running, over two runs; each run reads its backlog in passes of a
 few records in one lake and in one pass in another, and both lakes must hold the same trajectories and
-transitions. Also `offset_passes`, the cutting of offset ranges, against its own rules.
+transitions. Also `offset_passes`, the cutting of offset ranges, against its own rules, and the partitions
+`kafka_partitions` finds in the Delta log.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 from pathlib import Path
 
 import polars as pl
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +24,7 @@ from pipelines.gold.transitions_step import update_transitions
 from pipelines.silver.trajectories_step import update_trajectories
 from pipelines.steps import offset_passes
 from schemas.config import CreditSettings, KafkaSettings
-from schemas.lake import Lake
+from schemas.lake import Lake, kafka_partitions
 from tests.pipelines.otel import Call, Rollout, encode, make_spans
 
 KAFKA = KafkaSettings(bootstrap_servers="unused:9092", spans_topic="s", rewards_topic="r")
@@ -109,3 +111,35 @@ def test_offset_passes_cover_each_range_once_in_order(spans: dict[int, tuple[int
         assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))  # contiguous: no offset twice or missed
         widest = -(-spans[p][1] // len(passes))
         assert all(b - (-1 if a is None else a) <= widest for a, b in slices)  # the partition's share of a pass
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    commits=st.lists(
+        st.lists(st.tuples(st.sampled_from(["s", "other"]), st.integers(0, 11)), min_size=1, max_size=6),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_the_partitions_from_file_statistics_hold_every_partition_of_the_topic(
+    tmp_path_factory: pytest.TempPathFactory, commits: list[list[tuple[str, int]]]
+) -> None:
+    """`kafka_partitions` reads the Delta log, not the rows: it names every partition the topic has rows in
+    (and perhaps others, never one outside the files' range), the set the scan of the column gives."""
+    root = tmp_path_factory.mktemp("parts")
+    lake = Lake(str(root))
+    offset = 0
+    for commit in commits:
+        recs = []
+        for topic, p in commit:
+            recs.append(KafkaRecord(topic, p, offset, None, encode(make_spans(Rollout(f"r{offset}"))), []))
+            offset += 1
+        table, _ = decode_spans(recs)
+        lake.write("spans", table)
+    spans = lake.table("spans")
+    assert spans is not None
+    rows = [(t, p) for c in commits for t, p in c]
+    found = kafka_partitions(spans, "s")
+    assert {p for t, p in rows if t == "s"} <= set(found)
+    assert set(found) <= set(range(min(p for _, p in rows), max(p for _, p in rows) + 1))
+    assert found == sorted(set(found))
