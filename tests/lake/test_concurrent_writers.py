@@ -16,6 +16,7 @@ import hmac
 import multiprocessing
 import threading
 import uuid
+from typing import Any
 
 import httpx
 import polars as pl
@@ -90,24 +91,43 @@ def _schema() -> pa.Schema:
     return pa.schema([("writer", pa.int64()), ("round", pa.int64()), ("i", pa.int64())])
 
 
-def _append_rounds(uri: str, options: dict[str, str], writer: int, rounds: int) -> list[int]:
-    """One writer process: ``rounds`` appends, each through its own DeltaTable; the versions it committed."""
+def _append_rounds(uri: str, options: dict[str, str], writer: int, rounds: int, out: Any) -> None:
+    """One writer process: ``rounds`` appends, each through its own DeltaTable; the versions it committed
+    go on ``out``."""
     versions = []
     for r in range(rounds):
         table = DeltaTable(uri, storage_options=options)
         data = pa.table({"writer": [writer] * ROWS, "round": [r] * ROWS, "i": list(range(ROWS))}, schema=_schema())
         write_deltalake(table, data, mode="append")
         versions.append(table.version())
-    return versions
+    out.put((writer, versions))
+
+
+def _in_processes(uri: str, options: dict[str, str]) -> tuple[list[int], list[int]]:
+    """Both writers at once, each in a spawned process (delta-rs's runtime does not survive fork); killed
+    if still there after their results came or the time ran out. Not a `multiprocessing.Pool`: its
+    teardown once waited forever on a worker that would not exit (a stop of the suite, 2026-11-27)."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_append_rounds, args=(uri, options, w, ROUNDS, out)) for w in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(out.get(timeout=600) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=30)
+    return got[0], got[1]
 
 
 def test_two_processes_append_to_one_table(object_store: ObjectStore) -> None:
     uri, options = object_store.lake_root() + "/race", object_store.storage_options
     assert options["AWS_CONDITIONAL_PUT"] == "etag"
     write_deltalake(uri, _schema().empty_table(), storage_options=options)
-    with multiprocessing.get_context("spawn").Pool(2) as pool:  # delta-rs's runtime does not survive fork
-        results = [pool.apply_async(_append_rounds, (uri, options, w, ROUNDS)) for w in range(2)]
-        first, second = (res.get(timeout=600) for res in results)
+    first, second = _in_processes(uri, options)
 
     assert max(first) > min(second) and max(second) > min(first), "the writers did overlap"
     assert sorted(first + second) == list(range(1, 2 * ROUNDS + 1)), "each commit got its own version, none lost"
