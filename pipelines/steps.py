@@ -35,6 +35,21 @@ class StepResult:
         return {"rows": self.rows, "rollouts": self.rollouts, "delta_version": self.version or 0, **self.extra}
 
 
+@dataclass
+class CommitChain:
+    """A step's commit chain: every commit sets the app transaction ``app_id`` to one more than the value the
+    run read (``value``) and expects the one before still there, so of two runs planned on one snapshot the
+    second to commit is refused before anything lands, whatever rows either writes."""
+
+    app_id: str
+    value: int | None
+
+    def link(self) -> dict[str, Any]:
+        """``Lake.write``'s ``expect`` and ``marks`` for the next commit; the chain moves on by one."""
+        before, self.value = self.value, (self.value or 0) + 1
+        return {"expect": {self.app_id: before}, "marks": {self.app_id: self.value}}
+
+
 def pairs(df: pl.DataFrame, column: str) -> set[keys.Key]:
     """The (tenant, ``column``) pairs of ``df`` where ``column`` is set."""
     return {(t, x) for t, x in df.select("tenant", column).iter_rows() if x}

@@ -24,7 +24,7 @@ from pipelines.gold.reward_horizon import EXPIRED_UNTIL, known_at, lapsed
 from pipelines.gold.token_check import STATUSES, TOKEN_STATUS_PREFIX
 from pipelines.gold.transitions import build
 from pipelines.silver.trajectories_step import REMOVED_KEY
-from pipelines.steps import StepResult, group_chunks, pairs
+from pipelines.steps import CommitChain, StepResult, group_chunks, pairs
 from schemas.config import CreditSettings
 from schemas.lake import Lake, read_matching
 from schemas.tables import CREDIT_METADATA_KEY
@@ -32,9 +32,8 @@ from schemas.tables import CREDIT_METADATA_KEY
 TRAJ_FROM_TRANSITIONS = "trajectories.updated_at"
 TRAJ_VERSION = "trajectories.version"  # the `trajectories` version the transitions step last read
 BASELINE_KEY = "agentlake.running_baseline"
-# Every commit of this step sets this app transaction to one more than the value its run read, and expects
-# that value still there: two runs at once cannot both commit, so groups the table holds no rows of yet
-# are appended, not replaced (a replacement reads the group ids of every file of its days).
+# This step's commit chain (`pipelines.steps.CommitChain`): two runs at once cannot both commit, so groups the
+# table holds no rows of yet are appended, not replaced (a replacement reads the group ids of every file of its days).
 STEP_MARK = "transitions:step"
 
 
@@ -65,7 +64,7 @@ def update_transitions(
     traj = pl.scan_delta(traj_table)  # one snapshot for the whole run
     trans_table = lake.table("transitions")  # and one of its own: positions, the chain, the stored rows
     mark = _txn(trans_table, TRAJ_FROM_TRANSITIONS)
-    chain = _txn(trans_table, STEP_MARK)
+    chain = CommitChain(STEP_MARK, _txn(trans_table, STEP_MARK))
     changed = traj
     if mark is not None:
         changed = traj.filter(pl.col("updated_at") > dt.datetime.fromtimestamp(mark / 1e6, dt.UTC))
@@ -146,11 +145,9 @@ def update_transitions(
                 CREDIT_METADATA_KEY: credit.model_dump_json(),  # what a trained version's lineage reports
                 **({BASELINE_KEY: baseline.to_json()} if last and baseline is not None else {}),
             },
-            expect={STEP_MARK: chain},
-            marks={STEP_MARK: (chain or 0) + 1},
             **_replacing(previous, groups, out.table),
+            **chain.link(),
         )
-        chain = (chain or 0) + 1
         res.rows += out.table.num_rows
         res.rollouts += out.rollouts
         defaulted += out.defaulted

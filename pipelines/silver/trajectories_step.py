@@ -19,16 +19,15 @@ from pipelines import keys
 from pipelines.bronze.positions import app_id
 from pipelines.silver.identity import resolve_rollouts
 from pipelines.silver.trajectories import assemble, empty_rewards
-from pipelines.steps import StepResult, offset_passes, pairs
+from pipelines.steps import CommitChain, StepResult, offset_passes, pairs
 from schemas import attributes as A
 from schemas.config import KafkaSettings
 from schemas.lake import Lake, offsets_filter, read_matching, unseen_offsets, unseen_ranges
 
 REMOVED_KEY = "agentlake.removed_rollouts"  # trajectories commit metadata: rollouts deleted by it
 SPAN_LOCATOR = ["kafka_topic", "kafka_partition", "kafka_offset"]  # where a span row sits: narrow per commit
-# Every commit of this step sets this app transaction to one more than the value its plan read, and expects
-# that value still there: two runs planned on one snapshot cannot both commit (the second is refused, nothing
-# lands), whatever their rows, so rollouts the table has not seen can be appended rather than replaced.
+# This step's commit chain (`pipelines.steps.CommitChain`): two runs planned on one snapshot cannot both
+# commit, so rollouts the table has not seen can be appended rather than replaced.
 STEP_MARK = "trajectories:step"
 
 
@@ -150,7 +149,7 @@ def _one_pass(
     rewards = lake.scan("rewards")
     traj_table = lake.table("trajectories")
     traj = None if traj_table is None else pl.scan_delta(traj_table)
-    mark = None if traj_table is None else traj_table.transaction_version(STEP_MARK)
+    chain = CommitChain(STEP_MARK, None if traj_table is None else traj_table.transaction_version(STEP_MARK))
     cutoff = now - dt.timedelta(seconds=idle_timeout_s)
     plan = _plan_rollouts(spans, rewards, traj, spans_cond, ev_cond, cutoff if idle else None)
     ids = sorted(plan.rollouts)
@@ -158,12 +157,9 @@ def _one_pass(
     for start in range(0, max(len(ids), 1), chunk_rollouts):
         chunk = ids[start : start + chunk_rollouts]
         last = start + chunk_rollouts >= len(ids)
-        expect, mark = {STEP_MARK: mark}, (mark or 0) + 1
         if not chunk:
             if txns:
-                res.version = lake.write(
-                    "trajectories", _empty_table("trajectories"), txns=txns, expect=expect, marks={STEP_MARK: mark}
-                )
+                res.version = lake.write("trajectories", _empty_table("trajectories"), txns=txns, **chain.link())
             break
         rows = keys.keep(_chunk_spans(spans, spans_cond, plan, chunk), chunk, "rollout_id")
         events = empty_rewards()
@@ -180,9 +176,8 @@ def _one_pass(
             table,
             txns=txns if last else None,
             metadata={REMOVED_KEY: json.dumps([list(r) for r in removed])} if removed else None,
-            expect=expect,
-            marks={STEP_MARK: mark},
             **_replacing(plan, chunk, table),
+            **chain.link(),
         )
         if removed:
             res.extra["removed"] = res.extra.get("removed", 0) + len(removed)
