@@ -27,6 +27,25 @@ def pytest_report_header() -> str:
     return f"disk: {_free_disk()}"
 
 
+# The CLI's rich console reads its width once, at import; a pipe (CI, an xdist worker) would give it 80
+# columns and the tests that read its tables and paths would find them wrapped or cut
+os.environ.setdefault("COLUMNS", "200")
+
+SHARED_SERVERS_GROUP = "shared-servers"
+"""The tests that run vLLM or a whole stack (the stack's ports are fixed, a vLLM takes GBs and the cores):
+under ``pytest -n N --dist loadgroup`` they run on one worker, in order, so each session server starts once
+and no two of them run at once; every other test runs beside them on the other workers."""
+VLLM_FIXTURES = {"vllm_server", "vllm_server_b"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        vllm = item.get_closest_marker("vllm") or VLLM_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if vllm or item.path.parent.name in {"e2e", "stack"}:
+            item.add_marker(pytest.mark.xdist_group(SHARED_SERVERS_GROUP))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(f"disk at the end: {_free_disk()}")
 

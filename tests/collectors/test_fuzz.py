@@ -43,6 +43,9 @@ from tests.collectors.helpers import running_collector
 
 # per entry point: 10,000 bodies in all (`make test-fast` sets fewer)
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "2500"))
+# one collector and one ledger for the whole campaign: the last test checks what every other test sent,
+# so under `pytest -n N` the module's tests stay on one worker
+pytestmark = pytest.mark.xdist_group("collector-fuzz")
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
