@@ -371,7 +371,36 @@ def with_variants(lake: Lake, sel: Selector) -> Selector:
 
 def frames_of(lake: Lake, tables: Iterable[str] = FORGET_TABLES) -> dict[str, pl.LazyFrame]:
     """A scan of each of ``tables`` that exists in ``lake``."""
-    return {name: scan for name in tables if (scan := lake.scan(name)) is not None}
+    return snapshot(lake, tables)[0]
+
+
+def snapshot(lake: Lake, tables: Iterable[str]) -> tuple[dict[str, pl.LazyFrame], dict[str, int]]:
+    """A scan of each of ``tables`` that exists in ``lake``, and the table version each scan reads."""
+    frames: dict[str, pl.LazyFrame] = {}
+    versions: dict[str, int] = {}
+    for name in tables:
+        table = lake.table(name)
+        if table is not None:
+            frames[name], versions[name] = pl.scan_delta(table), table.version()
+    return frames, versions
+
+
+def others_committed(lake: Lake, versions: Mapping[str, int], tables: Iterable[str], deletion_id: str) -> bool:
+    """Whether a commit other than deletion ``deletion_id``'s deletes landed on ``tables`` after ``versions``.
+
+    Only such a commit can hold a row the plan made at ``versions`` would delete: without one, each table is
+    its planned snapshot less the rows the plan's predicates matched, and a new plan finds nothing.
+    """
+    for name in tables:
+        table = lake.table(name)
+        if table is None:
+            continue
+        if name not in versions:
+            return True  # created after the plan
+        newer = table.version() - versions[name]
+        if newer > 0 and any(c.get(DELETION_KEY) != deletion_id for c in table.history(limit=newer)):
+            return True
+    return False
 
 
 def execute(
@@ -387,14 +416,17 @@ def execute(
 ) -> Deletion:
     """Delete what ``sel`` selects, record it in ``deletions``, then vacuum the touched tables.
 
-    The plan is made again after the deletes, up to ``passes`` times: a pipeline run that read the
-    tables before the delete and committed after it would otherwise put the rows back. The record is
-    written before the vacuum, so a crash in between leaves a recorded deletion (rerun to vacuum).
+    The plan is made again after the deletes, up to ``passes`` times, when another commit landed on a
+    table since the plan's snapshot: a pipeline run that read the tables before the delete and committed
+    after it would otherwise put the rows back. (On a quiet lake that second plan could find nothing, and
+    it is as dear as the first: every table's scans for the rollout, its traces and responses.) The record
+    is written before the vacuum, so a crash in between leaves a recorded deletion (rerun to vacuum).
     """
     now = now or dt.datetime.now(dt.UTC)
     sel = with_variants(lake, sel)
     did = uuid.uuid4().hex
-    first = plan(sel, frames_of(lake, sel.tables))
+    frames, versions = snapshot(lake, sel.tables)
+    first = plan(sel, frames)
     out = Deletion(did, sel, first)
     current = first
     for _ in range(max(1, passes)):
@@ -414,7 +446,10 @@ def execute(
             deleted = metrics.get("num_deleted_rows")  # absent when whole files went (a partition-only predicate)
             res.rows += step.rows if deleted is None else int(deleted)
             res.version = table.version()
-        current = plan(sel, frames_of(lake, sel.tables))
+        if not others_committed(lake, versions, sel.tables, did):
+            break
+        frames, versions = snapshot(lake, sel.tables)
+        current = plan(sel, frames)
     if record and (sel.kind == "forget" or out.rows):
         out.record_version = lake.write(
             "deletions", deletion_row(out, requested_by=requested_by, reason=reason, now=now)

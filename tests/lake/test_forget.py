@@ -432,6 +432,59 @@ def test_plan_matches_what_delta_deletes(tmp_path: Path) -> None:
         assert planned.rows > 0
 
 
+# --- a run that commits between the plan and the delete ---------------------------------------------
+def _counting_plans(monkeypatch: pytest.MonkeyPatch) -> list[Selector]:
+    import pipelines.lake.forget as forget_module
+
+    made: list[Selector] = []
+    real = forget_module.plan
+
+    def counted(sel: Selector, frames: Any) -> Any:
+        made.append(sel)
+        return real(sel, frames)
+
+    monkeypatch.setattr(forget_module, "plan", counted)
+    return made
+
+
+def test_a_quiet_lake_is_planned_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing but the deletes landed since the plan: a second plan could find nothing, and is not made."""
+    lake = two_tenant_lake(tmp_path / "lake")
+    made = _counting_plans(monkeypatch)
+    done = execute(lake, Selector("forget", tenant="a", rollout="r1"))
+    assert len(made) == 1 and done.rows > 0
+    assert plan(Selector("forget", tenant="a", rollout="r1"), frames_of(lake)).rows == 0
+
+
+@pytest.mark.parametrize("table", ["spans", "trajectories", "transitions"])
+def test_rows_a_run_puts_back_after_the_delete_are_deleted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str
+) -> None:
+    """A pipeline run that read the lake before the delete and appends after it puts the rollout's rows back;
+    forget sees a commit that is not its own and plans again. The other run's append is real (a Delta commit);
+    only its moment is forced, from inside forget's delete of ``table``: the one instant a test cannot time."""
+    lake = two_tenant_lake(tmp_path / "lake")
+    sel = Selector("forget", tenant="a", rollout="r1")
+    back = rows(lake, table).filter((pl.col("tenant") == "a") & (pl.col("rollout_id") == "r1"))
+    assert back.height > 0
+    planned = {t.table: t.rows for t in plan(sel, frames_of(lake)).tables}
+    real_delete = DeltaTable.delete
+    put_back: list[int] = []
+
+    def delete_then_another_run_appends(self: DeltaTable, *args: Any, **kwargs: Any) -> Any:
+        metrics = real_delete(self, *args, **kwargs)
+        if not put_back and self.table_uri.rstrip("/").endswith(f"/{table}"):
+            put_back.append(lake.write(table, back.to_arrow()))
+        return metrics
+
+    monkeypatch.setattr(DeltaTable, "delete", delete_then_another_run_appends)
+    made = _counting_plans(monkeypatch)
+    done = execute(lake, sel)
+    assert put_back and len(made) == 2
+    assert plan(sel, frames_of(lake)).rows == 0, "a row put back after the delete survived the forget"
+    assert done.tables[table].rows == planned[table] + back.height  # deleted, put back, deleted again
+
+
 # --- replay from Kafka honours recorded deletions -------------------------------------------------
 def _pipeline(settings: Settings, lake: Lake) -> None:
     """One incremental run of every step, as the Dagster assets do."""
