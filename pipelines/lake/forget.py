@@ -234,17 +234,31 @@ def _scope(sel: Selector, frames: Mapping[str, pl.LazyFrame]) -> _Scope:
         for name in ("spans", "trajectories", "transitions", "rewards"):
             out.rollouts |= _unique(frames.get(name), mine, "rollout_id")
         return out
-    # a rollout's traces: those its spans name, and those identity resolution filed under it
-    out.traces |= _unique(spans, mine & pl.col("rollout_id").is_in(sorted(out.rollouts)), "trace_id")
-    out.traces |= _unique(traj, mine & pl.col("rollout_id").is_in(sorted(out.rollouts)), "trace_ids")
-    out.responses = _unique(
-        spans,
-        mine & pl.col("trace_id").is_in(sorted(out.traces)) & pl.col("llm_response_id").is_not_null(),
-        "llm_response_id",
-    )
+    # a rollout's traces: those identity resolution filed under it, and those its spans name; and the LLM
+    # responses in them. One read of spans finds both when the spans name no trace the trajectories do not list
+    named = pl.col("rollout_id").is_in(sorted(out.rollouts))
+    out.traces |= _unique(traj, mine & named, "trace_ids")
+    read = set(out.traces)  # traces whose every span the read below returns
+    hits = _spans_of(spans, mine & (named | pl.col("trace_id").is_in(sorted(read))), named)
+    out.traces |= set(hits.filter(pl.col("named"))["trace_id"].to_list())
+    in_traces = hits.filter(pl.col("trace_id").is_in(sorted(out.traces)))
+    out.responses = set(in_traces["llm_response_id"].drop_nulls().to_list())
+    if unread := out.traces - read:  # traces read only where a span names the rollout: their other spans
+        out.responses |= _unique(
+            spans,
+            mine & pl.col("trace_id").is_in(sorted(unread)) & pl.col("llm_response_id").is_not_null(),
+            "llm_response_id",
+        )
     # the gateway's record of a call sits in a trace of its own, linked by the response id
     out.traces |= _unique(spans, mine & pl.col("llm_response_id").is_in(sorted(out.responses)), "trace_id")
     return out
+
+
+def _spans_of(spans: pl.LazyFrame | None, where: pl.Expr, named: pl.Expr) -> pl.DataFrame:
+    """The distinct (trace, response, whether the span names the rollouts) of the spans ``where`` picks."""
+    if spans is None:
+        return pl.DataFrame(schema={"trace_id": pl.String, "llm_response_id": pl.String, "named": pl.Boolean})
+    return spans.filter(where).select("trace_id", "llm_response_id", named.alias("named")).unique().collect()
 
 
 def _held_by_others(frames: Mapping[str, pl.LazyFrame], tenant: str, rollouts: set[str]) -> set[str]:

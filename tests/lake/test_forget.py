@@ -432,6 +432,33 @@ def test_plan_matches_what_delta_deletes(tmp_path: Path) -> None:
         assert planned.rows > 0
 
 
+def test_a_trace_the_trajectories_do_not_list_goes_with_its_responses(tmp_path: Path) -> None:
+    """A span names the rollout in a trace no trajectory lists yet (the step has not run on it): the trace's
+    other spans, the response one of them holds, the gateway's record of that response and the reward naming
+    it all go. (The spans naming the rollout and the traces the trajectories list are read together; this
+    trace's other spans need a read of their own.)"""
+    lake = two_tenant_lake(tmp_path / "lake")
+    put(
+        lake,
+        "spans",
+        [
+            span("a", "r1", "ta9", "s9", T0, 9),
+            # the call's span names no rollout: its trace stands for it, as the gateway's does
+            span("a", "ta9", "ta9", "s10", T0, 10, llm_response_id="resp-a9"),
+            span("a", "ta9g", "ta9g", "s11", T0, 11, llm_response_id="resp-a9", service_name="agentlake-gateway"),
+            span("a", "r2", "ta2", "s12", T0 + DAY, 12),
+        ],
+    )
+    put(lake, "rewards", [reward("a", "e9", T0, llm_response_id="resp-a9")])
+    sel = Selector("forget", tenant="a", rollout="r1")
+    planned = plan(sel, frames_of(lake))
+    execute(lake, sel)
+    left = rows(lake, "spans").filter(pl.col("tenant") == "a")
+    assert sorted(left["trace_id"].to_list()) == ["ta2", "ta2"]
+    assert "e9" not in rows(lake, "rewards")["reward_id"].to_list()
+    assert {t.table: t.rows for t in planned.tables}["spans"] == 6  # s1, s4, ta1g's s5, s9, s10, s11
+
+
 # --- a run that commits between the plan and the delete ---------------------------------------------
 def _counting_plans(monkeypatch: pytest.MonkeyPatch) -> list[Selector]:
     import pipelines.lake.forget as forget_module
