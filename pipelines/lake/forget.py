@@ -20,6 +20,7 @@ import getpass
 import json
 import uuid
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -30,7 +31,7 @@ from deltalake import CommitProperties, WriterProperties
 from pipelines.errors import UnknownTenantError
 from schemas import topics
 from schemas.lake import CLUSTER_ROW_GROUP_ROWS, Lake, in_list, sql_string
-from schemas.tables import DELETIONS, base_table, transitions_variant
+from schemas.tables import DELETIONS, PARTITION_COLUMNS, base_table, transitions_variant
 
 # Tables a deletion reaches: every table that holds a tenant's data or ids of its rollouts (`judgements`,
 # the LLM judge's cache, holds its words about them). `model_versions` holds none; `deletions` is the
@@ -344,10 +345,25 @@ def plan(sel: Selector, frames: Mapping[str, pl.LazyFrame]) -> Plan:
         cond = conds.get(name, NONE)
         if name not in frames or cond is NONE:
             continue
-        rows = frames[name].filter(cond.expr).select(pl.len()).collect().item()
+        rows, predicate = _matched(
+            frames[name], cond, by_day="day" in PARTITION_COLUMNS.get(base_table(name) or name, [])
+        )
         if rows:
-            out.append(TableDeletion(name, cond.sql, int(rows)))
+            out.append(TableDeletion(name, predicate, rows))
     return Plan(sel, tuple(out), tuple(sorted(scope.rollouts)))
+
+
+def _matched(frame: pl.LazyFrame, cond: Cond, *, by_day: bool) -> tuple[int, str]:
+    """The rows ``cond`` matches in ``frame``, and the delete predicate for them: in a table partitioned by
+    day, bounded to the days that hold them, so the delete reads those days' files, not the whole table's
+    (a row a later commit puts in another day is one a new plan finds: ``others_committed``)."""
+    if not by_day:
+        return int(frame.filter(cond.expr).select(pl.len()).collect().item()), cond.sql
+    days = frame.filter(cond.expr).group_by("day").len().collect()
+    rows = int(days["len"].sum())
+    if days["day"].null_count():
+        return rows, cond.sql
+    return rows, f"({cond.sql}) AND ({in_list('day', [d.isoformat() for d in sorted(days['day'])])})"
 
 
 @dataclass
@@ -446,20 +462,13 @@ def execute(
     for _ in range(max(1, passes)):
         if not current.tables:
             break
-        for step in current.tables:
-            table = lake.table(step.table)
-            assert table is not None
-            metrics = table.delete(
-                step.predicate,
-                commit_properties=CommitProperties(custom_metadata={DELETION_KEY: did}),
-                # a rewritten file keeps a clustered day's small row groups (Lake.cluster), though not its
-                # order: sorting the day again would cost a rewrite of the whole day per forget
-                writer_properties=WriterProperties(max_row_group_size=CLUSTER_ROW_GROUP_ROWS),
-            )
+        # one table's delete does not wait for another's: each rewrites the files of its own table
+        with ThreadPoolExecutor(max_workers=len(current.tables)) as pool:
+            done = list(pool.map(lambda step: _delete(lake, step, did), current.tables))
+        for step, (deleted, version) in zip(current.tables, done, strict=True):
             res = out.tables.setdefault(step.table, TableResult(step.table))
-            deleted = metrics.get("num_deleted_rows")  # absent when whole files went (a partition-only predicate)
-            res.rows += step.rows if deleted is None else int(deleted)
-            res.version = table.version()
+            res.rows += step.rows if deleted is None else deleted  # None: whole files went (a partition-only predicate)
+            res.version = version
         if not others_committed(lake, versions, sel.tables, did):
             break
         frames, versions = snapshot(lake, sel.tables)
@@ -472,6 +481,21 @@ def execute(
         for name in out.tables:
             out.tables[name].files_removed = len(lake.vacuum(name, retention_hours=0))
     return out
+
+
+def _delete(lake: Lake, step: TableDeletion, deletion_id: str) -> tuple[int | None, int]:
+    """Run one table's delete; the rows Delta says it deleted (None when it does not say) and the new version."""
+    table = lake.table(step.table)
+    assert table is not None
+    metrics = table.delete(
+        step.predicate,
+        commit_properties=CommitProperties(custom_metadata={DELETION_KEY: deletion_id}),
+        # a rewritten file keeps a clustered day's small row groups (Lake.cluster), though not its
+        # order: sorting the day again would cost a rewrite of the whole day per forget
+        writer_properties=WriterProperties(max_row_group_size=CLUSTER_ROW_GROUP_ROWS),
+    )
+    deleted = metrics.get("num_deleted_rows")
+    return (None if deleted is None else int(deleted)), table.version()
 
 
 def deletion_row(d: Deletion, *, requested_by: str | None, reason: str | None, now: dt.datetime) -> pa.Table:
