@@ -110,6 +110,8 @@ def main() -> None:
         print("| lake | README query s | Polars read s | forget plan s | forget s |\n|---|---|---|---|---|")
         print(f"| {args.lake} | {got['query']:.3f} | {got['polars']:.3f} | {got['plan']:.2f} | {got['forget']:.2f} |")
         return
+    if not args.sizes:
+        ap.error("give the lake sizes to build and time, or --lake PATH for a lake already built")
     _build(args.work, args.sizes)
     rows = []
     for n in args.sizes:
