@@ -91,30 +91,39 @@ def _schema() -> pa.Schema:
     return pa.schema([("writer", pa.int64()), ("round", pa.int64()), ("i", pa.int64())])
 
 
-def _append_rounds(uri: str, options: dict[str, str], writer: int, rounds: int, out: Any) -> None:
+def _append_rounds(uri: str, options: dict[str, str], writer: int, rounds: int, out: Any, go: Any) -> None:
     """One writer process: ``rounds`` appends, each through its own DeltaTable; the versions it committed
-    go on ``out``."""
+    go on ``out``. It says it is ready and waits for ``go``: a spawned process's imports take seconds under
+    load, and without the handshake one writer once finished all its rounds before the other began."""
+    out.put(("ready", writer))
+    if not go.wait(300):
+        return
     versions = []
     for r in range(rounds):
         table = DeltaTable(uri, storage_options=options)
         data = pa.table({"writer": [writer] * ROWS, "round": [r] * ROWS, "i": list(range(ROWS))}, schema=_schema())
         write_deltalake(table, data, mode="append")
         versions.append(table.version())
-    out.put((writer, versions))
+    out.put(("done", writer, versions))
 
 
 def _in_processes(uri: str, options: dict[str, str]) -> tuple[list[int], list[int]]:
-    """Both writers at once, each in a spawned process (delta-rs's runtime does not survive fork); killed
-    if still there after their results came or the time ran out. Not a `multiprocessing.Pool`: its
-    teardown once waited forever on a worker that would not exit (a stop of the suite, 2026-11-27)."""
+    """Both writers at once, each in a spawned process (delta-rs's runtime does not survive fork), let go
+    together once both are ready; killed if still there after their results came or the time ran out.
+    Every wait has a timeout (a `Manager` barrier once hung a suite for 10 minutes), and not a
+    `multiprocessing.Pool`: its teardown once waited forever on a worker that would not exit."""
     ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_append_rounds, args=(uri, options, w, ROUNDS, out)) for w in range(2)]
+    out, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_append_rounds, args=(uri, options, w, ROUNDS, out, go)) for w in range(2)]
     for p in procs:
         p.start()
     try:
-        got = dict(out.get(timeout=600) for _ in procs)
+        ready = [out.get(timeout=300) for _ in procs]
+        assert sorted(m[1] for m in ready) == [0, 1], ready
+        go.set()
+        got = {m[1]: m[2] for m in (out.get(timeout=600) for _ in procs)}
     finally:
+        go.set()
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
