@@ -10,7 +10,10 @@ asset does) and the decoder processes each worker forks. Two rates per configura
 * steady: spans over the slowest worker's own run, what long-running workers would sustain;
 
 and the CPU seconds all of a configuration's processes spent per 100k spans (decoders included): with
-cores to spare, N workers scale while that stays flat.
+cores to spare, N workers scale while that stays flat. The last column is the physical limit: the
+configuration's CPU seconds spread over all of the machine's cores (a process's Rust threads use more
+than one), the shortest wall time that CPU could take, over the slowest worker's measured time (1.00:
+every core busy all along; the broker's own CPU is not counted, so 1.00 is out of reach here).
 
     nice -n 10 .venv/bin/python benchmarks/bench_ingest_workers.py --rollouts 20000 --runs 3
 """
@@ -89,20 +92,22 @@ def main() -> None:
     )
     print(
         "| workers | decoders each | end to end spans/s | vs 1 worker | steady spans/s | vs 1 worker "
-        "| CPU s per 100k spans |"
+        "| CPU s per 100k spans | CPU-bound floor s | floor / measured |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n, d in configs:
         wall = statistics.median(r["wall_s"] for r in got[(n, d)])
         busy = statistics.median(r["busiest_s"] for r in got[(n, d)])
         base = got[(counts[0], d)]
         base_wall = statistics.median(r["wall_s"] for r in base)
         base_busy = statistics.median(r["busiest_s"] for r in base)
-        cpu = statistics.median(r["cpu_s"] for r in got[(n, d)]) * 100_000 / n_spans
+        cpu_s = statistics.median(r["cpu_s"] for r in got[(n, d)])
         each = decoders_per_worker("spans", n, d)
+        floor = cpu_s / (os.cpu_count() or 1)
         print(
             f"| {n} | {each} | {n_spans / wall:,.0f} | {base_wall / wall:.2f}x | "
-            f"{n_spans / busy:,.0f} | {base_busy / busy:.2f}x | {cpu:.1f} |"
+            f"{n_spans / busy:,.0f} | {base_busy / busy:.2f}x | {cpu_s * 100_000 / n_spans:.1f} | "
+            f"{floor:.2f} | {floor / busy:.2f} |"
         )
 
 

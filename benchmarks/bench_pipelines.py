@@ -1,9 +1,10 @@
 """Pipelines benchmark: Kafka -> `spans` (spans/s) and `spans` -> `transitions` (rollouts/s).
 
-Each phase runs in a forked child so its peak RSS is its own. Next to each rate it prints a
-ceiling measured in the same run: the same rows written straight to Parquet with pyarrow. The
-rollouts are produced once; each of ``--runs`` rounds ingests them into a fresh lake and builds
-transitions there, and the table shows the median of the rounds (min and max below it), since
+Each phase runs in a fresh child process (from a forkserver started before the benchmark's own work,
+as Dagster's executor runs each step in a fresh process), so its peak RSS and its time are its own.
+Next to each rate it prints a ceiling measured in the same run: the same rows written straight to
+Parquet with pyarrow. The rollouts are produced once; each of ``--runs`` rounds ingests them into a
+fresh lake and builds transitions there, and the table shows the median of the rounds (min and max below it), since
 the machine is shared and single runs swing.
 
     .venv/bin/python benchmarks/bench_pipelines.py --rollouts 10000 --runs 5
@@ -60,7 +61,7 @@ def _rss_mb() -> float:
 
 
 def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
-    start = _rss_mb()  # what the fork inherited: the work's own memory is the peak above this
+    start = _rss_mb()  # what the process starts from (the preloaded imports): the work's own memory is above it
     out = fn()
     out["start_rss_mb"] = start
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -69,9 +70,28 @@ def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
     q.put(out)
 
 
+# what each phase imports, loaded once by the forkserver rather than by every child
+PRELOAD = [
+    "benchmarks.lake_builder",
+    "pipelines.bronze.ingest",
+    "pipelines.gold.transitions_step",
+    "pipelines.silver.trajectories_step",
+    "pipelines.lake.forget",
+    "pipelines.lake.query",
+]
+
+
 def in_child(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run ``fn`` in a forked process; return its result plus its own peak RSS."""
-    ctx = mp.get_context("fork")
+    """Run ``fn`` (a module-level function, or a partial of one) in a fresh process; return its result plus
+    its own peak RSS.
+
+    The process comes from a forkserver, not a fork of this one: by the steady round this process holds
+    the producer's leftovers and the peer's rollouts (its RSS grew from ~120 to ~440 MB in a ``--grow 30``
+    run), which a forked child inherits as resident memory and whose objects its garbage collector walks,
+    so the later rounds' children started heavier than the first's. The forkserver starts on the first call,
+    with ``PRELOAD`` imported, and every child starts from that same state."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # no effect once the server runs
     q = ctx.Queue()
     p = ctx.Process(target=_child, args=(fn, q))
     p.start()
@@ -252,7 +272,7 @@ def main() -> None:
             # the steady state: the last --rollouts arrive on a lake that already holds the rest
             base = Lake(os.path.join(root, "steady"))
             records_before = more * (3 if args.split else 1)
-            in_child(lambda: _fill(base, kafka, -(-records_before // args.batch_records), args))
+            in_child(functools.partial(_fill, base, kafka, -(-records_before // args.batch_records), args))
             steady = one_round(kafka, base, os.path.join(root, "steady-scratch"), args)
         if kept:
             peer = run_peer_on(kept, root)
@@ -414,40 +434,39 @@ def _du_mb(path: str) -> float:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 2**20
 
 
+def _ingest_phase(lake: Lake, kafka: KafkaSettings, args: argparse.Namespace) -> dict[str, Any]:
+    r = ingest(lake, kafka, "spans", batch_records=args.batch_records, workers=args.workers)
+    return {"rows": r.rows, "seconds": r.seconds, "commits": r.commits}
+
+
+def _parquet_ceiling(lake: Lake, scratch: str, table: str) -> dict[str, Any]:
+    """The same rows, read back once (untimed), written straight to Parquet with pyarrow."""
+    t = pl.read_delta(lake.uri(table)).to_arrow()
+    t0 = time.perf_counter()
+    pq.write_table(t, os.path.join(scratch, f"{table}.parquet"))
+    return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
+
+
+def _gold_phase(lake: Lake, kafka: KafkaSettings) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    tr = update_trajectories(lake, kafka, idle_timeout_s=300)
+    t1 = time.perf_counter()
+    tn = update_transitions(lake, CreditSettings())
+    t2 = time.perf_counter()
+    return {"rollouts": tr.rollouts, "rows": tn.rows, "seconds": t2 - t0, "traj_s": t1 - t0, "trans_s": t2 - t1}
+
+
 def one_round(
     kafka: KafkaSettings, lake: Lake, scratch: str, args: argparse.Namespace, *, ceilings: bool = True
 ) -> dict[str, Any]:
     """Ingest into ``lake``, build transitions there, and measure both ceilings on the same rows
     (without ``ceilings``: on a lake that held more before, where they would read all of it)."""
     os.makedirs(scratch, exist_ok=True)
-
-    def do_ingest() -> dict[str, Any]:
-        r = ingest(lake, kafka, "spans", batch_records=args.batch_records, workers=args.workers)
-        return {"rows": r.rows, "seconds": r.seconds, "commits": r.commits}
-
-    ing = in_child(do_ingest)
-
-    def parquet_ceiling(table: str) -> dict[str, Any]:
-        # the same rows, read back once (untimed), written straight to Parquet with pyarrow
-        t = pl.read_delta(lake.uri(table)).to_arrow()
-        t0 = time.perf_counter()
-        pq.write_table(t, os.path.join(scratch, f"{table}.parquet"))
-        return {"rows": t.num_rows, "seconds": time.perf_counter() - t0}
-
+    ing = in_child(functools.partial(_ingest_phase, lake, kafka, args))
     nan = {"rows": float("nan"), "seconds": 1.0}
-    ing_ceil = in_child(lambda: parquet_ceiling("spans")) if ceilings else nan
-
-    def do_transitions() -> dict[str, Any]:
-        t0 = time.perf_counter()
-        tr = update_trajectories(lake, kafka, idle_timeout_s=300)
-        t1 = time.perf_counter()
-        tn = update_transitions(lake, CreditSettings())
-        t2 = time.perf_counter()
-        return {"rollouts": tr.rollouts, "rows": tn.rows, "seconds": t2 - t0, "traj_s": t1 - t0, "trans_s": t2 - t1}
-
-    gold = in_child(do_transitions)
-
-    gold_ceil = in_child(lambda: parquet_ceiling("transitions")) if ceilings else nan
+    ing_ceil = in_child(functools.partial(_parquet_ceiling, lake, scratch, "spans")) if ceilings else nan
+    gold = in_child(functools.partial(_gold_phase, lake, kafka))
+    gold_ceil = in_child(functools.partial(_parquet_ceiling, lake, scratch, "transitions")) if ceilings else nan
     return {
         "rows": ing["rows"],
         "commits": ing["commits"],

@@ -55,7 +55,7 @@ def build(lake: Lake, args: argparse.Namespace) -> None:
             )
             ensure_topics(kafka, broker.bootstrap, [kafka.spans_topic, kafka.rewards_topic])
             produce_rollouts(kafka, args.template, args.calls, args.prompt_len, args.response_len)
-            in_child(lambda: _fill(template, kafka, -(-args.template // args.batch_records), args))
+            in_child(functools.partial(_fill, template, kafka, -(-args.template // args.batch_records), args))
         finally:
             broker.stop()
     built = in_child(functools.partial(build_lake, template, lake, args.rollouts, per_day=args.per_day))
