@@ -8,6 +8,7 @@ process's): each decoded batch, in the decoder process that decoded it.
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -73,11 +74,22 @@ def _decoder_init(redactor: Redactor | None = None) -> None:
 
 
 def decoder_pool(workers: int, redactor: Redactor | None = None) -> ProcessPoolExecutor:
-    """Decoder processes, forked now (fork: nothing to re-import, so a run pays milliseconds)."""
+    """Decoder processes, forked now (fork: nothing to re-import, so a run pays milliseconds).
+
+    Every object this process holds is frozen while the workers fork: a decoder's garbage collector then
+    never frees what it inherited. A cycle the parent had not collected yet could hold gRPC objects (a
+    collector's or Dagster's), whose teardown needs gRPC's threads, which a fork does not copy: freed in
+    a decoder it crashed the decoder or spun forever while the run waited on it (seen in the suite).
+    """
     pool = ProcessPoolExecutor(
         workers, mp_context=mp.get_context("fork"), initializer=_decoder_init, initargs=(redactor,)
     )
-    pool.submit(int).result()  # with fork, the first submit starts every worker
+    gc.freeze()
+    try:
+        started = pool.submit(int)  # with fork, the first submit starts every worker
+    finally:
+        gc.unfreeze()
+    started.result()
     return pool
 
 
