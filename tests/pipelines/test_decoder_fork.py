@@ -43,9 +43,9 @@ def test_a_decoder_never_frees_the_grpc_garbage_it_inherited() -> None:
         gc.enable()
     decoders = list(pool._processes.values())  # noqa: SLF001 - a hung decoder must not outlive the test
     try:
-        # a full collection in the decoder: without the freeze it frees the inherited cycles and dies
+        # a full collection in the decoder: without the freeze it frees the inherited cycles and spins (or dies)
         assert isinstance(pool.submit(gc.collect).result(timeout=60), int)
-        assert pool.submit(sum, [1, 2]).result(timeout=60) == 3, "the decoder still decodes"
+        assert pool.submit(sum, [1, 2]).result(timeout=60) == 3, "the decoder still takes work"
     finally:
         for p in decoders:
             p.kill()
