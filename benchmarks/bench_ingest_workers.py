@@ -21,6 +21,9 @@ every core busy all along; the broker's own CPU is not counted, so 1.00 is out o
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -50,12 +53,31 @@ def one(kafka: KafkaSettings, root: str, workers: int, decoders: int) -> dict[st
     return {"rows": res.rows, "wall_s": wall, "busiest_s": busiest, "commits": res.commits, "cpu_s": cpu}
 
 
+def produce_backlog(kafka: KafkaSettings, rollouts: int, calls: int, producers: int) -> int:
+    """The backlog, produced by ``producers`` processes on disjoint rollout ranges (setup, not measured:
+    the OTel SDK that makes the spans runs at a few thousand spans/s per core)."""
+    if producers <= 1:
+        return produce_rollouts(kafka, rollouts, calls, 64, 16)
+    bounds = [rollouts * i // producers for i in range(producers + 1)]
+    with multiprocessing.get_context("spawn").Pool(producers) as pool:
+        counts = pool.starmap(
+            functools.partial(_produce_range, kafka, calls),
+            [(hi - lo, lo) for lo, hi in itertools.pairwise(bounds)],
+        )
+    return sum(counts)
+
+
+def _produce_range(kafka: KafkaSettings, calls: int, n: int, first: int) -> int:
+    return produce_rollouts(kafka, n, calls, 64, 16, first=first)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=20_000)
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--producers", type=int, default=1, help="processes producing the backlog (setup only)")
     ap.add_argument("--workers", default="1,2", help="worker counts to compare; the first is the baseline")
     ap.add_argument(
         "--decoders", default="-1,0", help="decoder processes per worker (-1: the default split among workers)"
@@ -69,7 +91,7 @@ def main() -> None:
     got: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
     try:
         t0 = time.perf_counter()
-        n_spans = produce_rollouts(kafka, args.rollouts, args.calls, 64, 16)
+        n_spans = produce_backlog(kafka, args.rollouts, args.calls, args.producers)
         print(f"produced {args.rollouts} rollouts, {n_spans} spans in {time.perf_counter() - t0:.1f}s", flush=True)
         for i in range(args.runs):
             for n, d in configs:
