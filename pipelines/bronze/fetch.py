@@ -62,8 +62,8 @@ def topic_partitions(consumer: Any, topic: str, timeout_s: float = 10.0) -> list
         time.sleep(0.2)
 
 
-FIRST_FETCH_MS = 10_000
-"""How long a run waits for a partition's first answer before it counts the broker as not answering."""
+STALL_MS = 10_000
+"""How long a run waits through silence while the broker still owes it records."""
 
 
 def batches(
@@ -74,22 +74,22 @@ def batches(
     idle_ms: int,
     bases: dict[int, int] | None = None,
     *,
-    first_fetch_ms: int = FIRST_FETCH_MS,
+    stall_ms: int = STALL_MS,
 ) -> Iterator[list[KafkaRecord]]:
     """Bounded batches from the given Kafka offsets until every partition has reported its end.
 
     Records carry lake offsets: the Kafka offset plus the partition's base (``bases``).
-    ``idle_ms`` without any record or event still ends the run, for a broker that never answers;
-    until every partition has answered once, the wait is ``first_fetch_ms``: a busy broker's first
-    fetch (connect, metadata, offsets) can take longer than ``idle_ms``, and ending then left whole
-    partitions unread (8 workers on 8 partitions ingested 70-84% of the backlog).
+    ``idle_ms`` without any record or event still ends the run, for a broker that never sends the end
+    of a partition; but while the broker owes records (a partition has not answered yet, or its last
+    fetch showed records past the position) the run waits up to ``stall_ms``: a busy broker's answers
+    can take longer than ``idle_ms``, and ending then left whole partitions unread (8 workers on 8
+    partitions ingested 66-88% of the backlog).
     """
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
     base = bases or {}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING if s is None else s) for p, s in starts.items()])
     at_end: set[int] = set()
-    heard: set[int] = set()  # partitions that sent a record or an event
     idle_since: float | None = time.monotonic()
     while len(at_end) < len(starts):
         batch: list[KafkaRecord] = []
@@ -97,15 +97,15 @@ def batches(
             msgs = consumer.consume(num_messages=min(batch_records - len(batch), 1000), timeout=0.05)
             if not msgs:
                 now = time.monotonic()
-                patience = idle_ms if heard.issuperset(starts) else max(idle_ms, first_fetch_ms)
                 if idle_since is None:
                     idle_since = now
-                elif (now - idle_since) * 1000 >= patience:
-                    at_end.update(starts)
+                elif (now - idle_since) * 1000 >= idle_ms:
+                    waiting = [p for p in starts if p not in at_end]
+                    if (now - idle_since) * 1000 >= stall_ms or not owed(consumer, topic, waiting):
+                        at_end.update(starts)
                 continue
             idle_since = None
             for m in msgs:
-                heard.add(m.partition())
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -127,6 +127,19 @@ def batches(
                 )
         if batch:
             yield batch
+
+
+def owed(consumer: Any, topic: str, parts: list[int]) -> bool:
+    """Whether the broker owes any of ``parts`` records, as far as the last fetches tell: a partition
+    that has not answered yet, or one whose high watermark is past the consumer's position."""
+    from confluent_kafka import TopicPartition
+
+    for p in parts:
+        _, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+        [at] = consumer.position([TopicPartition(topic, p)])
+        if hi < 0 or at.offset < 0 or at.offset < hi:
+            return True
+    return False
 
 
 def records_behind(consumer: Any, topic: str, parts: list[int], nexts: dict[int, int]) -> int:
