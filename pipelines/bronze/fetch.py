@@ -99,10 +99,11 @@ def batches(
                 now = time.monotonic()
                 if idle_since is None:
                     idle_since = now
-                elif (now - idle_since) * 1000 >= idle_ms:
-                    waiting = [p for p in starts if p not in at_end]
-                    if (now - idle_since) * 1000 >= stall_ms or not owed(consumer, topic, waiting):
-                        at_end.update(starts)
+                silent_ms = (now - idle_since) * 1000
+                if silent_ms >= idle_ms and (
+                    silent_ms >= stall_ms or not owed(consumer, topic, [p for p in starts if p not in at_end])
+                ):
+                    at_end.update(starts)
                 continue
             idle_since = None
             for m in msgs:
@@ -137,7 +138,7 @@ def owed(consumer: Any, topic: str, parts: list[int]) -> bool:
     for p in parts:
         _, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
         [at] = consumer.position([TopicPartition(topic, p)])
-        if hi < 0 or at.offset < 0 or at.offset < hi:
+        if hi < 0 or at.offset < hi:  # no position yet (a negative offset) is below any watermark
             return True
     return False
 
