@@ -33,6 +33,7 @@ class ScriptedConsumer:
         self.next = dict.fromkeys(chunks, 0)  # the next offset to hand out
         self.ready = dict.fromkeys(chunks, 0)  # records whose chunk's time has come
         self.answered: set[int] = set()
+        self.ended: set[int] = set()  # partitions whose end-of-partition event was handed out
 
     def assign(self, assignments: list[TopicPartition]) -> None:
         assert sorted(tp.partition for tp in assignments) == sorted(self.chunks)
@@ -48,8 +49,8 @@ class ScriptedConsumer:
             if n > 0:
                 first, self.next[p] = self.next[p], self.next[p] + n
                 return [self.record(p, o) for o in range(first, first + n)]
-            if self.eof and p in self.answered and not self.chunks[p] and self.next[p] == self.total[p] >= 0:
-                self.total[p] = -1  # sent once
+            if self.eof and p in self.answered and p not in self.ended and self.next[p] == self.total[p]:
+                self.ended.add(p)
                 return [Message(topic=TOPIC, partition=p, error=KafkaError(KafkaError._PARTITION_EOF))]
         time.sleep(timeout)
         return []
@@ -60,7 +61,7 @@ class ScriptedConsumer:
     def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
         if tp.partition not in self.answered:
             return -1001, -1001
-        return 0, sum(n for _, n in self.chunks[tp.partition]) + self.ready[tp.partition]
+        return 0, self.total[tp.partition]
 
     def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
         return [TopicPartition(TOPIC, tp.partition, self.next[tp.partition] or -1001) for tp in tps]
