@@ -37,6 +37,8 @@ from schemas.tables import DELETIONS, PARTITION_COLUMNS, base_table, transitions
 # the LLM judge's cache, holds its words about them). `model_versions` holds none; `deletions` is the
 # record of deletions and is never deleted from.
 FORGET_TABLES = ("spans", "rewards", "trajectories", "transitions", "training_lineage", "quarantine", "judgements")
+# Tables whose rows name their tenant (quarantine's in its headers): where `known_tenant` looks
+TENANT_TABLES = ("spans", "rewards", "trajectories", "transitions", "quarantine")
 # The column a "before" cutoff compares with, per table (a date column: rows of days before the cutoff's).
 TIME_COLUMNS = {
     "spans": "start_time",
@@ -216,6 +218,9 @@ class _Scope:
     rollouts: set[str] = field(default_factory=set)
     traces: set[str] = field(default_factory=set)
     responses: set[str] = field(default_factory=set)
+    # rows per day of the tenant's spans naming ``rollouts`` or in ``traces`` (the read that finds the
+    # gateway's traces counts them too); None when not counted
+    spans_days: pl.DataFrame | None = None
 
 
 def _scope(sel: Selector, frames: Mapping[str, pl.LazyFrame]) -> _Scope:
@@ -251,8 +256,38 @@ def _scope(sel: Selector, frames: Mapping[str, pl.LazyFrame]) -> _Scope:
             "llm_response_id",
         )
     # the gateway's record of a call sits in a trace of its own, linked by the response id
-    out.traces |= _unique(spans, mine & pl.col("llm_response_id").is_in(sorted(out.responses)), "trace_id")
+    if spans is not None and sel.before is None:
+        out.spans_days = _gateway_traces(spans, mine, named, out)
+    else:  # spans timed before the cutoff go too: the count is the plan's own (``_matched``)
+        out.traces |= _unique(spans, mine & pl.col("llm_response_id").is_in(sorted(out.responses)), "trace_id")
     return out
+
+
+def _gateway_traces(spans: pl.LazyFrame, mine: pl.Expr, named: pl.Expr, out: _Scope) -> pl.DataFrame:
+    """Add the traces holding ``out``'s responses (the gateway's records) to ``out.traces``; the rows per
+    day of the spans a delete of ``out`` matches (``mine`` and named or in a trace), counted by the same read.
+
+    Each read of spans costs a scan of the id columns it filters on (nothing prunes a random id), so the
+    count the delete's day bound needs rides on this read rather than making one of its own. A gateway
+    trace the earlier reads did not know has its other spans read by trace id alone.
+    """
+    known = pl.col("trace_id").is_in(sorted(out.traces))
+    answers = pl.col("llm_response_id").is_in(sorted(out.responses)).fill_null(False)
+    hits = (
+        spans.filter(mine & (named | known | answers))
+        .group_by("trace_id", "day", answers.alias("answers"))
+        .len()
+        .collect()
+    )
+    new = set(hits.filter(pl.col("answers"))["trace_id"].to_list()) - out.traces
+    out.traces |= new
+    rows = pl.col("len").cast(pl.Int64)
+    days = [hits.select("day", rows)]
+    if new:  # every span of the new traces, less those the read above counted already
+        in_new = pl.col("trace_id").is_in(sorted(new))
+        days.append(spans.filter(mine & in_new).group_by("day").len().collect().select("day", rows))
+        days.append(hits.filter(in_new).select("day", -rows))
+    return pl.concat(days).group_by("day").agg(pl.col("len").sum()).filter(pl.col("len") > 0)
 
 
 def _spans_of(spans: pl.LazyFrame | None, where: pl.Expr, named: pl.Expr) -> pl.DataFrame:
@@ -345,9 +380,12 @@ def plan(sel: Selector, frames: Mapping[str, pl.LazyFrame]) -> Plan:
         cond = conds.get(name, NONE)
         if name not in frames or cond is NONE:
             continue
-        rows, predicate = _matched(
-            frames[name], cond, by_day="day" in PARTITION_COLUMNS.get(base_table(name) or name, [])
-        )
+        if name == "spans" and scope.spans_days is not None:
+            rows, predicate = _bounded(cond, scope.spans_days)  # counted by the scope's reads
+        else:
+            rows, predicate = _matched(
+                frames[name], cond, by_day="day" in PARTITION_COLUMNS.get(base_table(name) or name, [])
+            )
         if rows:
             out.append(TableDeletion(name, predicate, rows))
     return Plan(sel, tuple(out), tuple(sorted(scope.rollouts)))
@@ -359,7 +397,11 @@ def _matched(frame: pl.LazyFrame, cond: Cond, *, by_day: bool) -> tuple[int, str
     (a row a later commit puts in another day is one a new plan finds: ``others_committed``)."""
     if not by_day:
         return int(frame.filter(cond.expr).select(pl.len()).collect().item()), cond.sql
-    days = frame.filter(cond.expr).group_by("day").len().collect()
+    return _bounded(cond, frame.filter(cond.expr).group_by("day").len().collect())
+
+
+def _bounded(cond: Cond, days: pl.DataFrame) -> tuple[int, str]:
+    """The rows of ``days`` (day, len: the rows ``cond`` matches per day) and ``cond`` bounded to those days."""
     rows = int(days["len"].sum())
     if days["day"].null_count():
         return rows, cond.sql
@@ -443,6 +485,7 @@ def execute(
     vacuum: bool = True,
     record: bool = True,
     passes: int = 3,
+    require_tenant: bool = False,
 ) -> Deletion:
     """Delete what ``sel`` selects, record it in ``deletions``, then vacuum the touched tables.
 
@@ -451,12 +494,15 @@ def execute(
     after it would otherwise put the rows back. (On a quiet lake that second plan could find nothing, and
     it is as dear as the first: every table's scans for the rollout, its traces and responses.) The record
     is written before the vacuum, so a crash in between leaves a recorded deletion (rerun to vacuum).
+    ``require_tenant``: ``UnknownTenantError``, with nothing deleted, when no table holds a row of the tenant.
     """
     now = now or dt.datetime.now(dt.UTC)
     sel = with_variants(lake, sel)
     did = uuid.uuid4().hex
     frames, versions = snapshot(lake, sel.tables)
     first = plan(sel, frames)
+    if require_tenant:
+        _require_tenant(lake, first, frames)
     out = Deletion(did, sel, first)
     current = first
     for _ in range(max(1, passes)):
@@ -541,15 +587,25 @@ def forget(
     returns the plan with nothing deleted or recorded.
     """
     sel = with_variants(lake, Selector("forget", tenant=tenant, rollout=rollout, before=before))
+    if not dry_run:
+        return execute(lake, sel, requested_by=requested_by, reason=reason, require_tenant=True)
     frames = frames_of(lake, sel.tables)
-    if not known_tenant(frames, tenant):
-        raise UnknownTenantError(
-            f"no table of the lake {lake.root} holds a row of tenant {tenant!r}: nothing was deleted "
-            "(check the name; rows still waiting in Kafka are not in the lake yet)"
-        )
-    if dry_run:
-        return Deletion("", sel, plan(sel, frames))
-    return execute(lake, sel, requested_by=requested_by, reason=reason)
+    planned = plan(sel, frames)
+    _require_tenant(lake, planned, frames)
+    return Deletion("", sel, planned)
+
+
+def _require_tenant(lake: Lake, planned: Plan, frames: Mapping[str, pl.LazyFrame]) -> None:
+    """``UnknownTenantError`` when no table holds a row of the plan's tenant. A plan that deletes a row of a
+    table naming tenants answers it; only a plan that found nothing asks the tables (a scan each)."""
+    tenant = planned.selector.tenant
+    assert tenant is not None
+    if any(base_table(t.table) in TENANT_TABLES for t in planned.tables) or known_tenant(frames, tenant):
+        return
+    raise UnknownTenantError(
+        f"no table of the lake {lake.root} holds a row of tenant {tenant!r}: nothing was deleted "
+        "(check the name; rows still waiting in Kafka are not in the lake yet)"
+    )
 
 
 def recorded(lake: Lake) -> list[Selector]:

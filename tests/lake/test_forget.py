@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyarrow.fs import FileSelector
 from typer.testing import CliRunner
 
@@ -627,3 +631,77 @@ def test_no_forgotten_text_stays_in_the_delta_log(tmp_path: Path) -> None:
     spans = DeltaTable(str(root / "spans"))
     assert "input_messages" not in spans.metadata().configuration["delta.dataSkippingStatsColumns"].split(",")
     assert "rollout_id" in spans.metadata().configuration["delta.dataSkippingStatsColumns"].split(",")
+
+
+# --- generated lakes against a reference ------------------------------------------------------------
+FORGET_EXAMPLES = int(os.environ.get("LAKE_TEST_EXAMPLES", "25"))
+
+_span_rows = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),  # tenant
+        st.sampled_from(["t0", "t1", "t2", "t3", "t4"]),  # trace
+        st.sampled_from(["r0", "r1", "r2", None]),  # rollout the span names (None: its trace stands for it)
+        st.sampled_from(["p0", "p1", "p2", None]),  # the LLM response it holds
+        st.integers(0, 3),  # day
+    ),
+    min_size=1,
+    max_size=30,
+)
+_listed = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["r0", "r1", "r2"]),
+        st.sets(st.sampled_from(["t0", "t1", "t2", "t3", "t4"]), max_size=2),
+    ),
+    max_size=4,
+)
+
+
+def reference_forget(spans: list[dict], trajectories: list[dict], tenant: str, rollout: str) -> set[str]:
+    """The span ids forgetting ``tenant``'s ``rollout`` removes, worked out row by row: the traces the
+    trajectories list for it and those its spans name, every response in them, the traces holding those
+    responses (the gateway's records); every span of the tenant naming the rollout or in one of those traces."""
+    mine = [s for s in spans if s["tenant"] == tenant]
+    traces = {t for r in trajectories if r["tenant"] == tenant and r["rollout_id"] == rollout for t in r["trace_ids"]}
+    traces |= {s["trace_id"] for s in mine if s["rollout_id"] == rollout}
+    responses = {s["llm_response_id"] for s in mine if s["trace_id"] in traces and s["llm_response_id"]}
+    traces |= {s["trace_id"] for s in mine if s["llm_response_id"] in responses}
+    return {s["span_id"] for s in mine if s["rollout_id"] == rollout or s["trace_id"] in traces}
+
+
+@settings(max_examples=FORGET_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated=_span_rows, listed=_listed, rollout=st.sampled_from(["r0", "r1", "r2"]), commits=st.integers(1, 3))
+def test_forget_one_rollout_removes_what_the_reference_removes(
+    generated: list[tuple[str, str, str | None, str | None, int]],
+    listed: list[tuple[str, str, set[str]]],
+    rollout: str,
+    commits: int,
+) -> None:
+    """Generated lakes: traces spread over days and tenants, spans naming the rollout or not, responses
+    shared between traces (a gateway's record in a trace of its own, whose other spans lie on other days).
+    Forgetting one rollout of tenant a removes exactly the spans the reference names, the plan's count is
+    Delta's, and every other span stays (the delete's day bound misses none of the rollout's days)."""
+    spans = [
+        span(tenant, rid or trace, trace, f"s{i}", T0 + day * DAY, i, llm_response_id=resp)
+        for i, (tenant, trace, rid, resp, day) in enumerate(generated)
+    ]
+    trajectories = [trajectory(t, r, sorted(ts), T0) for t, r, ts in listed]
+    with tempfile.TemporaryDirectory() as root:
+        lake = Lake(root)
+        for part in range(commits):  # several commits: several files per day
+            if chunk := spans[part::commits]:
+                put(lake, "spans", chunk)
+        if trajectories:
+            put(lake, "trajectories", trajectories)
+        gone = reference_forget(spans, trajectories, "a", rollout)
+        sel = Selector("forget", tenant="a", rollout=rollout)
+        planned = {t.table: t.rows for t in plan(sel, frames_of(lake)).tables}
+        if not any(s["tenant"] == "a" for s in spans) and not any(t == "a" for t, _, _ in listed):
+            with pytest.raises(UnknownTenantError):
+                forget(lake, "a", rollout=rollout)
+            return
+        done = forget(lake, "a", rollout=rollout)
+        left = set(rows(lake, "spans")["span_id"].to_list())
+        assert left == {s["span_id"] for s in spans} - gone
+        assert planned.get("spans", 0) == len(gone)
+        assert (done.tables["spans"].rows if "spans" in done.tables else 0) == len(gone)
