@@ -241,60 +241,38 @@ def _scope(sel: Selector, frames: Mapping[str, pl.LazyFrame]) -> _Scope:
             out.rollouts |= _unique(frames.get(name), mine, "rollout_id")
         return out
     # a rollout's traces: those identity resolution filed under it, and those its spans name; and the LLM
-    # responses in them. One read of spans finds both when the spans name no trace the trajectories do not list
-    named = pl.col("rollout_id").is_in(sorted(out.rollouts))
+    # responses in them. One read of spans finds both when the spans name no trace the trajectories do not list.
+    # Each read of spans scans the id columns it filters on (nothing prunes a random id), so the reads also
+    # count the rows a delete of the scope matches per day (the delete's day bound) rather than a read of its own
+    named = pl.col("rollout_id").is_in(sorted(out.rollouts)).fill_null(False)
     out.traces |= _unique(traj, mine & named, "trace_ids")
     read = set(out.traces)  # traces whose every span the read below returns
     hits = _spans_of(spans, mine & (named | pl.col("trace_id").is_in(sorted(read))), named)
     out.traces |= set(hits.filter(pl.col("named"))["trace_id"].to_list())
-    in_traces = hits.filter(pl.col("trace_id").is_in(sorted(out.traces)))
-    out.responses = set(in_traces["llm_response_id"].drop_nulls().to_list())
+    counted = [hits]  # the spans naming the rollouts or in the scope's traces, by day: none counted twice
     if unread := out.traces - read:  # traces read only where a span names the rollout: their other spans
-        out.responses |= _unique(
-            spans,
-            mine & pl.col("trace_id").is_in(sorted(unread)) & pl.col("llm_response_id").is_not_null(),
-            "llm_response_id",
-        )
+        rest = _spans_of(spans, mine & pl.col("trace_id").is_in(sorted(unread)), named)
+        hits = pl.concat([hits, rest])
+        counted.append(rest.filter(~pl.col("named")))
+    out.responses = set(hits["llm_response_id"].drop_nulls().to_list())
     # the gateway's record of a call sits in a trace of its own, linked by the response id
-    if spans is not None and sel.before is None:
-        out.spans_days = _gateway_traces(spans, mine, named, out)
-    else:  # spans timed before the cutoff go too: the count is the plan's own (``_matched``)
-        out.traces |= _unique(spans, mine & pl.col("llm_response_id").is_in(sorted(out.responses)), "trace_id")
+    gateway = _unique(spans, mine & pl.col("llm_response_id").is_in(sorted(out.responses)), "trace_id")
+    new = gateway - out.traces  # none of their spans names the rollout (that would have put them in the scope)
+    out.traces |= new
+    if spans is not None and sel.before is None:  # a cutoff deletes more spans: the plan counts those itself
+        if new:
+            counted.append(spans.filter(mine & pl.col("trace_id").is_in(sorted(new))).group_by("day").len().collect())
+        rows = pl.col("len").cast(pl.Int64)
+        out.spans_days = pl.concat([c.select("day", rows) for c in counted]).group_by("day").agg(pl.col("len").sum())
     return out
 
 
-def _gateway_traces(spans: pl.LazyFrame, mine: pl.Expr, named: pl.Expr, out: _Scope) -> pl.DataFrame:
-    """Add the traces holding ``out``'s responses (the gateway's records) to ``out.traces``; the rows per
-    day of the spans a delete of ``out`` matches (``mine`` and named or in a trace), counted by the same read.
-
-    Each read of spans costs a scan of the id columns it filters on (nothing prunes a random id), so the
-    count the delete's day bound needs rides on this read rather than making one of its own. A gateway
-    trace the earlier reads did not know has its other spans read by trace id alone.
-    """
-    known = pl.col("trace_id").is_in(sorted(out.traces))
-    answers = pl.col("llm_response_id").is_in(sorted(out.responses)).fill_null(False)
-    hits = (
-        spans.filter(mine & (named | known | answers))
-        .group_by("trace_id", "day", answers.alias("answers"))
-        .len()
-        .collect()
-    )
-    new = set(hits.filter(pl.col("answers"))["trace_id"].to_list()) - out.traces
-    out.traces |= new
-    rows = pl.col("len").cast(pl.Int64)
-    days = [hits.select("day", rows)]
-    if new:  # every span of the new traces, less those the read above counted already
-        in_new = pl.col("trace_id").is_in(sorted(new))
-        days.append(spans.filter(mine & in_new).group_by("day").len().collect().select("day", rows))
-        days.append(hits.filter(in_new).select("day", -rows))
-    return pl.concat(days).group_by("day").agg(pl.col("len").sum()).filter(pl.col("len") > 0)
-
-
 def _spans_of(spans: pl.LazyFrame | None, where: pl.Expr, named: pl.Expr) -> pl.DataFrame:
-    """The distinct (trace, response, whether the span names the rollouts) of the spans ``where`` picks."""
+    """The spans ``where`` picks, counted by trace, response, whether the span names the rollouts, and day."""
     if spans is None:
-        return pl.DataFrame(schema={"trace_id": pl.String, "llm_response_id": pl.String, "named": pl.Boolean})
-    return spans.filter(where).select("trace_id", "llm_response_id", named.alias("named")).unique().collect()
+        schema = {"trace_id": pl.String, "llm_response_id": pl.String, "named": pl.Boolean, "day": pl.Date}
+        return pl.DataFrame(schema=schema | {"len": pl.UInt32})
+    return spans.filter(where).group_by("trace_id", "llm_response_id", named.alias("named"), "day").len().collect()
 
 
 def _held_by_others(frames: Mapping[str, pl.LazyFrame], tenant: str, rollouts: set[str]) -> set[str]:
