@@ -12,7 +12,8 @@ the machine is shared and single runs swing.
 Then the topic grows to ``--grow`` times as many rollouts and one more round runs on all of
 them (a backlog of that size in one run: ingestion and the gold steps work in bounded batches and
 chunks), and one more in the steady state: the last ``--rollouts`` arrive on a lake that already
-holds the others, so its peak memory shows what the table's size costs a run.
+holds the others, so its peak memory shows what the table's size costs a run. The produced rollouts
+start ``--per-day`` a day, so a grown lake spans days as production's does.
 
 ``--lake-rollouts 100000,1000000``: the same increment once more onto lakes of those sizes, built
 straight to Delta (`benchmarks/lake_builder.py`), and on the largest the README's DuckDB queries and
@@ -50,6 +51,8 @@ from pipelines.gold.transitions_step import update_transitions  # noqa: E402
 from pipelines.silver.trajectories_step import update_trajectories  # noqa: E402
 from schemas.config import CreditSettings, KafkaSettings  # noqa: E402
 from schemas.lake import Lake  # noqa: E402
+
+DAY_NS = 86_400 * 10**9
 
 if TYPE_CHECKING:
     from agentlake.stack.broker import LocalBroker
@@ -111,8 +114,11 @@ def produce_rollouts(
     split: bool = False,
     keep: list[dict[str, Any]] | None = None,
     keep_from: int = 0,
+    per_day: int = 0,
 ) -> int:
     """Spans through the real OTel SDK, encoded as the collector does, produced with kafka-python.
+
+    ``per_day``: rollout number i starts on day i // per_day (0: every rollout on the same day).
 
     ``split``: as the OTel ``BatchSpanProcessor`` sends a long rollout: its id on the root span
     only, the children in two earlier records (keyed by trace id) and the root last.
@@ -139,6 +145,8 @@ def produce_rollouts(
             final_reward=float(rng.random() < 0.5),
             ids_on_root_only=split,
         )
+        if per_day > 0:
+            r.t0_ns += (i // per_day) * DAY_NS
         if keep is not None and i >= keep_from:
             keep.append(
                 {
@@ -197,12 +205,25 @@ def main() -> None:
         help="then grow the topic to this many times --rollouts and run once more: memory must not follow (1: skip)",
     )
     ap.add_argument(
+        "--straddle",
+        action="store_true",
+        help="fill the --grow steady lake with the topic's first batches instead of the rollouts before the "
+        "increment's: the partitions are read unevenly, so the increment's rollouts are spread over the last "
+        "few thousand and join groups (tasks) the lake holds already, whose transitions are rebuilt",
+    )
+    ap.add_argument(
         "--lake-rollouts",
         default="",
         help="comma-separated lake sizes (e.g. 100000,1000000): time one increment of --rollouts on a lake of "
         "each size, built straight to Delta from copies of the first round's lake (benchmarks/lake_builder.py)",
     )
-    ap.add_argument("--per-day", type=int, default=30_000, help="rollouts a day in the built lakes")
+    ap.add_argument(
+        "--per-day",
+        type=int,
+        default=30_000,
+        help="rollouts a day, in the built lakes and in the produced topic (0: every produced rollout on one "
+        "day, so a --grow lake holds all of them in one day partition)",
+    )
     ap.add_argument(
         "--peer",
         action="store_true",
@@ -229,6 +250,7 @@ def main() -> None:
             args.response_len,
             split=args.split,
             keep=kept if args.grow <= 1 else None,
+            per_day=args.per_day,
         )
         print(f"produced {args.rollouts} rollouts, {n_spans} spans in {time.perf_counter() - t0:.1f}s", flush=True)
         for i in range(args.runs):
@@ -257,23 +279,37 @@ def main() -> None:
             shutil.rmtree(big.root, ignore_errors=True)
         if args.grow > 1:
             more = (args.grow - 1) * args.rollouts
-            produce_rollouts(
+            produce = functools.partial(
+                produce_rollouts,
                 kafka,
-                more,
-                args.calls,
-                args.prompt_len,
-                args.response_len,
-                first=args.rollouts,
+                calls=args.calls,
+                prompt_len=args.prompt_len,
+                response_len=args.response_len,
                 split=args.split,
                 keep=kept,
                 keep_from=more,  # the steady increment: the last --rollouts
+                per_day=args.per_day,
             )
-            grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
-            # the steady state: the last --rollouts arrive on a lake that already holds the rest
             base = Lake(os.path.join(root, "steady"))
-            records_before = more * (3 if args.split else 1)
-            in_child(functools.partial(_fill, base, kafka, -(-records_before // args.batch_records), args))
-            steady = one_round(kafka, base, os.path.join(root, "steady-scratch"), args)
+            if args.straddle:
+                produce(n=more, first=args.rollouts)
+            else:  # the steady lake holds every rollout before the increment's: its rollouts join no group in it
+                produce(n=more - args.rollouts, first=args.rollouts)
+                in_child(functools.partial(_fill, base, kafka, None, args))
+                produce(n=args.rollouts, first=more)
+            grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
+            if args.straddle:  # the fill stops after a number of batches, wherever each partition is then
+                records_before = more * (3 if args.split else 1)
+                in_child(functools.partial(_fill, base, kafka, -(-records_before // args.batch_records), args))
+            # the steady state: the last --rollouts arrive on a lake that already holds the rest; --runs times,
+            # each on a copy of the filled lake (hard links: Delta never rewrites a file in place)
+            steady_rounds = []
+            for i in range(args.runs):
+                copy = os.path.join(root, f"steady{i}")
+                shutil.copytree(base.root, copy, copy_function=os.link)
+                steady_rounds.append(one_round(kafka, Lake(copy), os.path.join(root, f"steady{i}-scratch"), args))
+                shutil.rmtree(copy, ignore_errors=True)
+            steady = median_round(steady_rounds)
         if kept:
             peer = run_peer_on(kept, root)
     finally:
@@ -337,13 +373,23 @@ def main() -> None:
         print()
         print("memory against table size (peak RSS MB, and how far it rose above the process's start)")
         print(f"{'rollouts':<24}{'ingest':>16}{'gold':>16}{'spans/s':>12}{'rollouts/s':>12}")
-        rows = [(f"{last['rollouts']:,} new", last), (f"{grown['rollouts']:,} new", grown)]
+        empty = median_round(rounds)
+        rows = [(f"{empty['rollouts']:,} new", empty), (f"{grown['rollouts']:,} new", grown)]
         if steady is not None:
             rows.append((f"{steady['rollouts']:,} new on {grown['rollouts'] - steady['rollouts']:,}", steady))
         for label, r in rows:
             print(
                 f"{label:<24}{r['ingest_rss_mb']:>9.0f} (+{r['ingest_work_mb']:.0f}){r['gold_rss_mb']:>9.0f} "
                 f"(+{r['gold_work_mb']:.0f}){r['spans_s']:>12,.0f}{r['roll_s']:>12,.0f}"
+            )
+        print(f"(the first and last rows: medians of {args.runs} rounds each)")
+        if steady is not None:
+            print(
+                "steady / empty (target <= 1.2x): gold time "
+                f"{empty['roll_s'] / steady['roll_s']:.2f}x, "
+                f"gold peak RSS {steady['gold_rss_mb'] / empty['gold_rss_mb']:.2f}x; "
+                f"ingest time {empty['spans_s'] / steady['spans_s']:.2f}x, "
+                f"ingest peak RSS {steady['ingest_rss_mb'] / empty['ingest_rss_mb']:.2f}x"
             )
     if peer is not None:
         if steady is not None and grown is not None:
@@ -352,6 +398,11 @@ def main() -> None:
             )
         else:
             print_peer(rounds[-1], f"the last round, {last['rollouts']:,} onto an empty lake", peer)
+
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each measure's median over ``rounds`` (one round's figures are not a figure on a shared machine)."""
+    return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
 
 
 def run_peer_on(rollouts: list[dict[str, Any]], root: str) -> dict[str, Any]:
@@ -422,8 +473,8 @@ def lake_scans(lake: Lake) -> dict[str, Any]:
     return out
 
 
-def _fill(lake: Lake, kafka: KafkaSettings, batches: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Ingest the topic's first ``batches`` batches and build their transitions (not measured)."""
+def _fill(lake: Lake, kafka: KafkaSettings, batches: int | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest the topic's first ``batches`` batches (None: all of it) and build their transitions (not measured)."""
     ingest(lake, kafka, "spans", batch_records=args.batch_records, workers=args.workers, max_batches=batches)
     update_trajectories(lake, kafka, idle_timeout_s=300)
     update_transitions(lake, CreditSettings())
