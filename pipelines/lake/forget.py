@@ -218,8 +218,8 @@ class _Scope:
     rollouts: set[str] = field(default_factory=set)
     traces: set[str] = field(default_factory=set)
     responses: set[str] = field(default_factory=set)
-    # rows per day of the tenant's spans naming ``rollouts`` or in ``traces`` (the read that finds the
-    # gateway's traces counts them too); None when not counted
+    # rows per day of the tenant's spans naming ``rollouts`` or in ``traces``, counted by the reads that
+    # found them (a forget of one rollout); None when not counted
     spans_days: pl.DataFrame | None = None
 
 
