@@ -291,16 +291,15 @@ def main() -> None:
                 per_day=args.per_day,
             )
             base = Lake(os.path.join(root, "steady"))
-            if args.straddle:
+            if args.straddle:  # the fill stops after a number of batches, wherever each partition is then
                 produce(n=more, first=args.rollouts)
+                records_before = more * (3 if args.split else 1)
+                in_child(functools.partial(_fill, base, kafka, -(-records_before // args.batch_records), args))
             else:  # the steady lake holds every rollout before the increment's: its rollouts join no group in it
                 produce(n=more - args.rollouts, first=args.rollouts)
                 in_child(functools.partial(_fill, base, kafka, None, args))
                 produce(n=args.rollouts, first=more)
             grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
-            if args.straddle:  # the fill stops after a number of batches, wherever each partition is then
-                records_before = more * (3 if args.split else 1)
-                in_child(functools.partial(_fill, base, kafka, -(-records_before // args.batch_records), args))
             # the steady state: the last --rollouts arrive on a lake that already holds the rest; --runs times,
             # each on a copy of the filled lake (hard links: Delta never rewrites a file in place)
             steady_rounds = []
@@ -383,7 +382,12 @@ def main() -> None:
                 f"(+{r['gold_work_mb']:.0f}){r['spans_s']:>12,.0f}{r['roll_s']:>12,.0f}"
             )
         print(f"(the first and last rows: medians of {args.runs} rounds each)")
-        if steady is not None:
+        if steady is not None and not steady["rollouts"]:
+            print(
+                "the steady round found no new rollouts: the --straddle fill read the whole topic "
+                "(lower --batch-records)"
+            )
+        elif steady is not None:
             print(
                 "steady / empty (target <= 1.2x): gold time "
                 f"{empty['roll_s'] / steady['roll_s']:.2f}x, "
