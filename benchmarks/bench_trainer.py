@@ -241,6 +241,7 @@ def bench_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         base_model=str(args.model), lora_rank=16, lora_alpha=32, batch_size=args.batch_size, max_steps=args.steps,
         max_seq_len=args.prompt_len + args.response_len, algorithm="ppo", progress=False, learning_rate=1e-5,
+        gradient_checkpointing=False,  # the loop's overhead against the plain one (bench_train_memory.py: the trade)
     )  # fmt: skip
 
 

@@ -92,6 +92,7 @@ class TrainConfig:
     seed: int = _trainer("seed")
     device: str = "auto"  # "auto": cuda when present, else cpu
     precision: Precision = _trainer("precision")  # "auto": bf16 autocast on CUDA, fp32 on CPU
+    gradient_checkpointing: bool = _trainer("gradient_checkpointing")  # recompute activations in backward
     # output
     # each version in <checkpoint_dir>/<version>; on an object-store lake also uploaded (trainer.artifacts)
     checkpoint_dir: str = str(_LOCAL_LAKE / "models")
@@ -187,6 +188,7 @@ def config_from_settings(settings: Settings, **overrides: Any) -> TrainConfig:
         max_grad_norm=t.max_grad_norm,
         seed=t.seed,
         precision=t.precision,
+        gradient_checkpointing=t.gradient_checkpointing,
         checkpoint_dir=str(local_model_dir(settings)),
     )
     return TrainConfig.from_dict({**values, **overrides})

@@ -131,6 +131,16 @@ def load_policy(cfg: TrainConfig, *, parent_path: str | None = None) -> tuple[to
     return get_peft_model(model, lora), tokenizer
 
 
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward (``trainer.gradient_checkpointing``), non-reentrant:
+    it works under DDP and FSDP2, and with frozen inputs (LoRA) without ``enable_input_require_grads``."""
+    kwargs = {"use_reentrant": False}
+    if (enable := getattr(model, "activation_checkpointing_enable", None)) is not None:  # transformers 5.x's name
+        enable(activation_checkpointing_kwargs=kwargs)
+    elif (enable := getattr(model, "gradient_checkpointing_enable", None)) is not None:
+        enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def policy_loss(
     cfg: TrainConfig,
     logprobs: torch.Tensor,
@@ -328,6 +338,8 @@ def train(
     keep = copy.deepcopy(model).cpu() if fsdp and rank == 0 else None
     model.to(device)
     model.train()
+    if cfg.gradient_checkpointing:
+        checkpoint_activations(model)
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = pad_id if pad_id is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
     # KL reference: LoRA disables its adapter for a reference pass; a full fine-tune keeps a frozen copy.

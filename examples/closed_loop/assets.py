@@ -7,6 +7,7 @@ up in the UI next to the runs the sensors start.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -40,4 +41,17 @@ def materialize_all(
     )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-25:])
-        raise AgentlakeError(f"dagster asset materialize failed:\n{tail}")
+        raise AgentlakeError(f"dagster asset materialize --select {select} {_exit(result.returncode)}:\n{tail}")
+
+
+def _exit(code: int) -> str:
+    """How the process ended, in words: a signal's name (SIGKILL, with nothing printed: most often the kernel's
+    out-of-memory killer) or the exit status."""
+    if code >= 0:
+        return f"failed with exit status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = " (the kernel's out-of-memory killer sends it; see `dmesg`)" if -code == signal.SIGKILL else ""
+    return f"was killed by {name}{hint}"
