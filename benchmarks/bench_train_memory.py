@@ -47,6 +47,7 @@ def one(args: argparse.Namespace) -> dict[str, float]:
     rows = synthetic_rows(args.steps * args.batch_size, ns.prompt_len, ns.response_len, 49152, seed=0)
     t0 = time.perf_counter()
     result = train(cfg, rows, model=with_lora(base, cfg, cfg.seed), tokenizer=None)
+    # the whole train() call over its steps (its no-grad log-probability passes too): what a round pays per step
     return {"peak_mb": peak_mb(), "s_per_step": (time.perf_counter() - t0) / len(result.history)}
 
 
