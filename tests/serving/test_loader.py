@@ -125,8 +125,12 @@ def test_a_failing_replica_acks_the_error_and_a_silent_one_is_named(
     errors = outcome.errors()
     assert "unreachable" in errors["r1"] and "no ack within 6s" in errors["ghost"]
     # the loader is still there for the next command
-    again = release(settings.kafka, release_command(_row("v2"), served_name="p"), ["r1"], timeout_s=15)
-    assert again.acks["r1"]["version"] == "v2" and [a["version"] for a in running] == ["v1", "v2"]
+    # release() returns at the ack: the long timeout costs nothing here and rides out a loaded machine (CI's
+    # other worker training beside a vLLM once kept this ack past 15 s)
+    again = release(settings.kafka, release_command(_row("v2"), served_name="p"), ["r1"], timeout_s=90)
+    sent = [a["version"] for a in running]
+    assert "r1" in again.acks, f"no ack from r1 for v2 within 90 s; the loader had sent acks for {sent}"
+    assert again.acks["r1"]["version"] == "v2" and sent == ["v1", "v2"]
 
 
 @pytest.mark.slow  # three replicas' loaders through a real broker: ~15 s
