@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipelines.bronze.decoding import KafkaRecord
+from pipelines.bronze.positions import record_fingerprint
 from schemas.config import KafkaSettings
 from schemas.kafka import librdkafka_config
 
@@ -75,6 +76,8 @@ def batches(
     bases: dict[int, int] | None = None,
     *,
     stall_ms: int = STALL_MS,
+    verify: dict[int, tuple[int, int]] | None = None,
+    verify_ms: int = 1_000,
 ) -> Iterator[list[KafkaRecord]]:
     """Bounded batches from the given Kafka offsets until every partition has reported its end.
 
@@ -84,17 +87,31 @@ def batches(
     fetch showed records past the position) the run waits up to ``stall_ms``: a busy broker's answers
     can take longer than ``idle_ms``, and ending then left whole partitions unread (8 workers on 8
     partitions ingested 66-88% of the backlog).
+
+    ``verify``: per partition, the lake offset and fingerprint of the record at the lake's watermark.
+    Those partitions are read from that record rather than the one after it: it is compared and
+    dropped, and no batch is yielded before every one of them matched. So the check that the log
+    still holds what the lake read (`pipelines.bronze.log_reset`) costs no fetch of its own, which
+    would fetch the increment twice. A partition whose first record is another, whose end comes
+    first, or that sends nothing within ``verify_ms`` raises ``LogNotVerified`` before any batch:
+    the caller then checks the log the slow way and reads again.
     """
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
     base = bases or {}
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING if s is None else s) for p, s in starts.items()])
+    expected = verify or {}
+    unverified = set(expected)
+    seek = {p: expected[p][0] - base.get(p, 0) if p in expected else s for p, s in starts.items()}
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING if s is None else s) for p, s in seek.items()])
     at_end: set[int] = set()
-    idle_since: float | None = time.monotonic()
+    began = time.monotonic()
+    idle_since: float | None = began
     while len(at_end) < len(starts):
         batch: list[KafkaRecord] = []
-        while len(batch) < batch_records and len(at_end) < len(starts):
-            msgs = consumer.consume(num_messages=min(batch_records - len(batch), 1000), timeout=0.05)
+        while (len(batch) < batch_records or unverified) and len(at_end) < len(starts):
+            if unverified and (time.monotonic() - began) * 1000 >= verify_ms:
+                raise LogNotVerified(sorted(unverified), "sent no record within the wait")
+            msgs = consumer.consume(num_messages=min(max(batch_records - len(batch), 1), 1000), timeout=0.05)
             if not msgs:
                 now = time.monotonic()
                 if idle_since is None:
@@ -108,26 +125,33 @@ def batches(
             idle_since = None
             for m in msgs:
                 err = m.error()
+                p = m.partition()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        at_end.add(m.partition())
+                        at_end.add(p)
                         continue
                     raise KafkaException(err)
                 ts_type, ts = m.timestamp()
-                p = m.partition()
-                batch.append(
-                    KafkaRecord(
-                        topic,
-                        p,
-                        m.offset() + base.get(p, 0),
-                        m.key(),
-                        m.value(),
-                        m.headers() or (),
-                        ts if ts_type else None,
-                    )
-                )
+                offset = m.offset() + base.get(p, 0)
+                rec = KafkaRecord(topic, p, offset, m.key(), m.value(), m.headers() or (), ts if ts_type else None)
+                if p in unverified:
+                    if (rec.offset, record_fingerprint(rec)) != expected[p]:
+                        raise LogNotVerified([p], f"sent offset {m.offset()} first, not the watermark's record")
+                    unverified.discard(p)
+                    continue
+                batch.append(rec)
+        if unverified:
+            raise LogNotVerified(sorted(unverified), "ended before the watermark's record")
         if batch:
             yield batch
+
+
+class LogNotVerified(Exception):
+    """``batches(verify=...)`` did not find the record at a partition's watermark first; nothing was yielded."""
+
+    def __init__(self, partitions: list[int], why: str) -> None:
+        super().__init__(f"partitions {partitions}: {why}")
+        self.partitions = partitions
 
 
 def owed(consumer: Any, topic: str, parts: list[int]) -> bool:

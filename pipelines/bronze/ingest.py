@@ -21,9 +21,10 @@ is retried on the newest snapshot once that snapshot is checked to hold this run
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +33,9 @@ import pyarrow as pa
 
 from pipelines.bronze.decoders import decode_batch, decode_in_worker, decoder_pool, default_workers, redactor_for
 from pipelines.bronze.decoding import KafkaRecord
-from pipelines.bronze.fetch import batches, make_fetcher, records_behind, topic_partitions
+from pipelines.bronze.fetch import LogNotVerified, batches, make_fetcher, records_behind, topic_partitions
 from pipelines.bronze.log_reset import ACCEPT_RESET_HINT, OnReset, accept_new_log, check_log, legacy_match
-from pipelines.bronze.positions import Kind, app_id, fingerprint_id, positions, record_fingerprint
+from pipelines.bronze.positions import Kind, Position, app_id, fingerprint_id, positions, record_fingerprint
 from schemas.config import KafkaSettings, RedactionSettings
 from schemas.errors import ConcurrentWriteError, LogResetError
 from schemas.lake import Lake
@@ -114,13 +115,7 @@ def ingest(
         # top of it (and then on top of this run's previous commit), never on a newer one.
         data_dt = lake.pin(kind)
         snap = [data_dt]  # the snapshot commits build on: replaced by a newer one when a commit is retried
-        epoch, pos = positions(data_dt, topic, parts)
-        problems = check_log(consumer, topic, pos, legacy=legacy_match(lake, kind, data_dt))
-        if problems:
-            if on_reset != "accept":
-                raise LogResetError(topic, [problems[p] for p in sorted(problems)], ACCEPT_RESET_HINT)
-            accept_new_log(lake, kind, topic, data_dt, pos, problems, epoch)
-            epoch, pos = positions(data_dt, topic, parts)
+        epoch, pos, stream = read_log(lake, kind, consumer, topic, data_dt, parts, on_reset, batch_records, idle_ms)
         result.epoch = epoch
         q_dt: list[Any] = [lake.table("quarantine")]  # pinned at its first use when it does not exist yet
         quarantined_upto = {a: None if q_dt[0] is None else q_dt[0].transaction_version(a) for a in ids.values()}
@@ -177,7 +172,7 @@ def ingest(
             pending = (future, txns, records, data.num_rows, len(bad))
 
         with ThreadPoolExecutor(1, thread_name_prefix="agentlake-commit") as writer:
-            for n, batch in enumerate(batches(consumer, topic, starts, batch_records, idle_ms, bases)):
+            for n, batch in enumerate(stream):
                 last: dict[int, KafkaRecord] = {}
                 for r in batch:  # a partition's records come in offset order: its last is its highest
                     last[r.partition] = r
@@ -211,6 +206,60 @@ def ingest(
             consumer.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def read_log(
+    lake: Lake,
+    kind: Kind,
+    consumer: Any,
+    topic: str,
+    data_dt: Any,
+    parts: list[int],
+    on_reset: OnReset,
+    batch_records: int,
+    idle_ms: int,
+) -> tuple[int, dict[int, Position], Iterator[list[KafkaRecord]]]:
+    """The epoch, the positions to continue from and the batches after them, once the log holds what the lake read.
+
+    Usually the batches check it themselves: they start at each watermark's record and compare its
+    fingerprint (``batches(verify=...)``), so the increment is fetched once. When that check fails
+    before any batch (or a watermark is from before fingerprints), ``check_log`` reads the log to say
+    why: a reset stops the run (``LogResetError``) or, with ``on_reset="accept"``, starts a new epoch;
+    otherwise the log was fine after all (a slow broker) and the batches are read afresh.
+    """
+    epoch, pos = positions(data_dt, topic, parts)
+    held = [x for x in pos.values() if x.kafka_last is not None]
+    verify = {
+        x.partition: (x.watermark, x.fingerprint) for x in held if x.watermark is not None and x.fingerprint is not None
+    }
+    if len(verify) == len(held):
+        stream = _batches_from(consumer, topic, pos, batch_records, idle_ms, verify)
+        try:
+            first = next(stream, None)
+        except LogNotVerified:
+            pass
+        else:
+            return epoch, pos, itertools.chain([] if first is None else [first], stream)
+    problems = check_log(consumer, topic, pos, legacy=legacy_match(lake, kind, data_dt))
+    if problems:
+        if on_reset != "accept":
+            raise LogResetError(topic, [problems[p] for p in sorted(problems)], ACCEPT_RESET_HINT)
+        accept_new_log(lake, kind, topic, data_dt, pos, problems, epoch)
+        epoch, pos = positions(data_dt, topic, parts)
+    return epoch, pos, _batches_from(consumer, topic, pos, batch_records, idle_ms, None)
+
+
+def _batches_from(
+    consumer: Any,
+    topic: str,
+    pos: dict[int, Position],
+    batch_records: int,
+    idle_ms: int,
+    verify: dict[int, tuple[int, int]] | None,
+) -> Iterator[list[KafkaRecord]]:
+    starts = {p: x.kafka_start for p, x in pos.items()}
+    bases = {p: x.base for p, x in pos.items()}
+    return batches(consumer, topic, starts, batch_records, idle_ms, bases, verify=verify)
 
 
 def owned(topic: str, parts: list[int], partitions: Collection[int] | None) -> list[int]:
