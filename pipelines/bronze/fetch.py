@@ -142,8 +142,10 @@ def batches(
                 batch.append(rec)
         if unverified:
             raise LogNotVerified(sorted(unverified), "ended before the watermark's record")
-        if batch:
-            yield batch
+        # held while the watermarks were checked, a first batch can be several: yielded in bounded slices,
+        # which keep each partition's order, so the caller decodes one while it commits the one before
+        for i in range(0, len(batch), batch_records):
+            yield batch[i : i + batch_records]
 
 
 class LogNotVerified(Exception):
