@@ -130,6 +130,8 @@ def batches(
                     if err.code() == KafkaError._PARTITION_EOF:
                         at_end.add(p)
                         continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET and p in unverified:  # Kafka: past the log's end
+                        raise LogNotVerified([p], "has no record at the watermark (offset out of range)")
                     raise KafkaException(err)
                 ts_type, ts = m.timestamp()
                 offset = m.offset() + base.get(p, 0)

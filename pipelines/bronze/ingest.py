@@ -1,9 +1,9 @@
 """Kafka to bronze Delta tables, exactly once, in bounded batches: the ingestion loop.
 
 Positions come from the lake (`pipelines.bronze.positions`); records from confluent-kafka
-(`pipelines.bronze.fetch`), after the log was checked for a reset (`pipelines.bronze.log_reset`);
-decoding on forked processes (`pipelines.bronze.decoders`). One commit is in flight on a writer
-thread while the next batch is decoded.
+(`pipelines.bronze.fetch`), from each watermark's record, which shows the log was not reset
+(`pipelines.bronze.log_reset`) before the first batch; decoding on forked processes
+(`pipelines.bronze.decoders`). One commit is in flight on a writer thread while the next batch is decoded.
 
 Undecodable records go to `quarantine` first, with their own app transactions, so a crash
 between the two commits neither loses nor repeats a quarantined record.

@@ -1,7 +1,9 @@
 """A log that went back (a broker that lost its log, a recreated topic) is detected, never skipped.
 
 Each commit records a fingerprint of the record at the watermark (`pipelines.bronze.positions`),
-and a run first reads that record back and compares. A missing or different record stops the run
+and a run reads from that record and compares it before its first batch (``batches(verify=...)``
+in `pipelines.bronze.fetch`; ``check_log`` here reads it apart to say why when that fails). A missing
+or different record stops the run
 (``LogResetError``) until the new log is accepted (``agentlake lake accept-reset``, or
 ``ingest(on_reset="accept")``): that commits a new epoch (``kafka-epoch:<topic>``) and, per reset
 partition, a base (``kafka-base:<topic>:<partition>``, one past the last offset the lake holds),
