@@ -28,6 +28,7 @@ import logging
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -119,16 +120,20 @@ def load_policy(cfg: TrainConfig, *, parent_path: str | None = None) -> tuple[to
     if cfg.finetune == "full":
         return AutoModelForCausalLM.from_pretrained(parent_path or base, dtype=torch.float32), tokenizer
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    if parent_path:
-        return PeftModel.from_pretrained(model, parent_path, is_trainable=True), tokenizer
-    lora = LoraConfig(
-        r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_targets),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora), tokenizer
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model: a FutureWarning
+        # in every run's log that tells the user nothing (checkpointing is `trainer.gradient_checkpointing`)
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        if parent_path:
+            return PeftModel.from_pretrained(model, parent_path, is_trainable=True), tokenizer
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=list(cfg.lora_targets),
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora), tokenizer
 
 
 def checkpoint_activations(model: torch.nn.Module) -> None:

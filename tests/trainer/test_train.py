@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -186,3 +187,13 @@ def test_gradient_checkpointing_trains_the_same_weights_and_keeps_fewer_activati
     for name, weight in trained.items():
         assert torch.allclose(weight, kept[name], atol=1e-6), name
     assert saved[True] < 0.5 * saved[False], saved
+
+
+def test_loading_a_policy_logs_no_deprecation_from_peft(tiny_model_dir: Path) -> None:
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model: a FutureWarning in
+    every training run's log that says nothing to the user (the trainer checkpoints with its own switch)."""
+    cfg = TrainConfig(base_model=str(tiny_model_dir), lora_rank=8, lora_alpha=16, progress=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        load_policy(cfg)
+    assert not [w for w in seen if "is_gradient_checkpointing" in str(w.message)]
