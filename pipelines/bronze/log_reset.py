@@ -1,16 +1,14 @@
 """A log that went back (a broker that lost its log, a recreated topic) is detected, never skipped.
 
-Each commit records a fingerprint of the record at the watermark (`pipelines.bronze.positions`),
-and a run reads from that record and compares it before its first batch (``batches(verify=...)``
-in `pipelines.bronze.fetch`; ``check_log`` here reads it apart to say why when that fails). A missing
-or different record stops the run
-(``LogResetError``) until the new log is accepted (``agentlake lake accept-reset``, or
-``ingest(on_reset="accept")``): that commits a new epoch (``kafka-epoch:<topic>``) and, per reset
-partition, a base (``kafka-base:<topic>:<partition>``, one past the last offset the lake holds),
-and records of the new log are stored at offset + base. So ``kafka_offset`` in the tables is the
-lake's position in a partition: the Kafka offset until a reset is accepted, the Kafka offset + base
-after. It only grows, and the watermarks with it, so every downstream offset range (``kafka_offset``
-between two watermarks) stays correct.
+Each commit records a fingerprint of the record at the watermark (`pipelines.bronze.positions`), and a run
+reads from that record and compares it before its first batch (``batches(verify=...)`` in
+`pipelines.bronze.fetch`; ``check_log`` here reads it apart to say why when that fails). A missing or different
+record stops the run (``LogResetError``) until the new log is accepted (``agentlake lake accept-reset``, or
+``ingest(on_reset="accept")``): that commits a new epoch (``kafka-epoch:<topic>``) and, per reset partition, a
+base (``kafka-base:<topic>:<partition>``, one past the last offset the lake holds), and records of the new log
+are stored at offset + base. So ``kafka_offset`` in the tables is the lake's position in a partition: the Kafka
+offset until a reset is accepted, the Kafka offset + base after. It only grows, and the watermarks with it, so
+every downstream offset range (``kafka_offset`` between two watermarks) stays correct.
 """
 
 from __future__ import annotations
