@@ -80,6 +80,20 @@ def _probe(
     return found
 
 
+def log_ends(consumer: Any, topic: str, parts: list[int], timeout_s: float) -> dict[int, int]:
+    """Each partition's end (high watermark) as the broker reports it; a partition it does not answer for
+    within ``timeout_s`` is left out."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    ends: dict[int, int] = {}
+    for p in parts:
+        try:
+            _, ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+        except KafkaException:
+            continue
+    return ends
+
+
 def check_log(
     consumer: Any,
     topic: str,
@@ -97,13 +111,21 @@ def check_log(
     targets = {p: k for p, x in pos.items() if (k := x.kafka_last) is not None}
     if not targets:
         return {}
-    # A healthy broker answers within a fetch wait; past the end of a shorter log Tansu answers
-    # nothing, so a silent partition is read from its beginning up to the watermark (which a slow
-    # broker that does hold it also gets to, later).
+    # A healthy broker answers within a fetch wait. A silent partition whose log the broker says goes
+    # past the watermark holds its record: a busy broker gets the whole wait to send it (read from the
+    # beginning instead, a deep partition could not be read through in time). Past the end of a shorter
+    # log Tansu answers nothing, and its s3 engine reports an end of 1 whatever it holds: a partition
+    # whose end is not past the watermark is read from its beginning up to the watermark.
     found = _probe(consumer, topic, dict(targets), targets, min(1.0, timeout_s))
     silent = {p: k for p, k in targets.items() if p not in found}
     if silent:
-        found.update(_probe(consumer, topic, dict.fromkeys(silent), silent, timeout_s))
+        ends = log_ends(consumer, topic, list(silent), timeout_s)
+        held = {p: k for p, k in silent.items() if ends.get(p, 0) > k}
+        if held:
+            found.update(_probe(consumer, topic, dict(held), held, timeout_s))
+        unsure = {p: k for p, k in silent.items() if p not in held}
+        if unsure:
+            found.update(_probe(consumer, topic, dict.fromkeys(unsure), unsure, timeout_s))
     problems: dict[int, str] = {}
     for p, k in targets.items():
         x = pos[p]
