@@ -13,7 +13,11 @@ Then the topic grows to ``--grow`` times as many rollouts and one more round run
 them (a backlog of that size in one run: ingestion and the gold steps work in bounded batches and
 chunks), and one more in the steady state: the last ``--rollouts`` arrive on a lake that already
 holds the others, so its peak memory shows what the table's size costs a run. The produced rollouts
-start ``--per-day`` a day, so a grown lake spans days as production's does.
+start ``--per-day`` a day, so a grown lake spans days as production's does. The steady rounds alternate
+with rounds of the same increment into an empty lake, from a topic of its own on the same broker: the
+steady/empty ratios compare rounds of the same broker and the same minutes of the machine.
+
+``BROKER_LOG=<file>`` keeps the local broker's output there (by default it is discarded).
 
 ``--lake-rollouts 100000,1000000``: the same increment once more onto lakes of those sizes, built
 straight to Delta (`benchmarks/lake_builder.py`), and on the largest the README's DuckDB queries and
@@ -38,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -174,7 +179,8 @@ def bench_topics(prefix: str, partitions: int | None = None) -> tuple[KafkaSetti
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
     if not bootstrap:
-        broker = LocalBroker().start()
+        log = os.environ.get("BROKER_LOG")
+        broker = LocalBroker(log_path=Path(log) if log else None).start()
         bootstrap = broker.bootstrap
     suffix = str(int(time.time()))
     extra = {} if partitions is None else {"partitions": partitions}
@@ -238,6 +244,7 @@ def main() -> None:
     grown: dict[str, Any] | None = None
     sized: list[tuple[int, dict[str, Any]]] = []
     steady: dict[str, Any] | None = None
+    paired: dict[str, Any] | None = None
     peer: dict[str, Any] | None = None
     kept: list[dict[str, Any]] | None = [] if args.peer else None
     try:
@@ -281,7 +288,7 @@ def main() -> None:
             more = (args.grow - 1) * args.rollouts
             produce = functools.partial(
                 produce_rollouts,
-                kafka,
+                kafka=kafka,
                 calls=args.calls,
                 prompt_len=args.prompt_len,
                 response_len=args.response_len,
@@ -299,16 +306,23 @@ def main() -> None:
                 produce(n=more - args.rollouts, first=args.rollouts)
                 in_child(functools.partial(_fill, base, kafka, None, args))
                 produce(n=args.rollouts, first=more)
+            # the same increment alone in a topic of its own on the same broker: its empty-lake rounds run
+            # between the steady ones, so both sides see the same broker and the same hour of the machine
+            alone = same_broker_topics(kafka, "alone")
+            produce(n=args.rollouts, first=more, keep=None, kafka=alone)
             grown = one_round(kafka, Lake(os.path.join(root, "grown")), os.path.join(root, "grown-scratch"), args)
             # the steady state: the last --rollouts arrive on a lake that already holds the rest; --runs times,
             # each on a copy of the filled lake (hard links: Delta never rewrites a file in place)
-            steady_rounds = []
+            steady_rounds, alone_rounds = [], []
             for i in range(args.runs):
+                fresh = Lake(os.path.join(root, f"alone{i}"))
+                alone_rounds.append(one_round(alone, fresh, os.path.join(root, f"alone{i}-scratch"), args))
+                shutil.rmtree(fresh.root, ignore_errors=True)
                 copy = os.path.join(root, f"steady{i}")
                 shutil.copytree(base.root, copy, copy_function=os.link)
                 steady_rounds.append(one_round(kafka, Lake(copy), os.path.join(root, f"steady{i}-scratch"), args))
                 shutil.rmtree(copy, ignore_errors=True)
-            steady = median_round(steady_rounds)
+            steady, paired = median_round(steady_rounds), median_round(alone_rounds)
         if kept:
             peer = run_peer_on(kept, root)
     finally:
@@ -373,35 +387,54 @@ def main() -> None:
         print("memory against table size (peak RSS MB, and how far it rose above the process's start)")
         print(f"{'rollouts':<24}{'ingest':>16}{'gold':>16}{'spans/s':>12}{'rollouts/s':>12}")
         empty = median_round(rounds)
-        rows = [(f"{empty['rollouts']:,} new", empty), (f"{grown['rollouts']:,} new", grown)]
-        if steady is not None:
-            rows.append((f"{steady['rollouts']:,} new on {grown['rollouts'] - steady['rollouts']:,}", steady))
+        rows = [(f"{empty['rollouts']:,.0f} new", empty), (f"{grown['rollouts']:,.0f} new", grown)]
+        if steady is not None and paired is not None:
+            rows.append((f"{paired['rollouts']:,.0f} new, between", paired))
+            rows.append((f"{steady['rollouts']:,.0f} new on {grown['rollouts'] - steady['rollouts']:,.0f}", steady))
         for label, r in rows:
             print(
                 f"{label:<24}{r['ingest_rss_mb']:>9.0f} (+{r['ingest_work_mb']:.0f}){r['gold_rss_mb']:>9.0f} "
                 f"(+{r['gold_work_mb']:.0f}){r['spans_s']:>12,.0f}{r['roll_s']:>12,.0f}"
             )
-        print(f"(the first and last rows: medians of {args.runs} rounds each)")
+        print(
+            f"(medians of {args.runs} rounds each but the backlog's; 'between': the steady increment into an empty "
+            "lake from a topic of its own on the same broker, each round just before a steady one)"
+        )
         if steady is not None and not steady["rollouts"]:
             print(
                 "the steady round found no new rollouts: the --straddle fill read the whole topic "
                 "(lower --batch-records)"
             )
-        elif steady is not None:
-            print(
-                "steady / empty (target <= 1.2x): gold time "
-                f"{empty['roll_s'] / steady['roll_s']:.2f}x, "
-                f"gold peak RSS {steady['gold_rss_mb'] / empty['gold_rss_mb']:.2f}x; "
-                f"ingest time {empty['spans_s'] / steady['spans_s']:.2f}x, "
-                f"ingest peak RSS {steady['ingest_rss_mb'] / empty['ingest_rss_mb']:.2f}x"
-            )
+        elif steady is not None and paired is not None:
+            print(f"steady / empty (target <= 1.2x), against the rounds between: {ratios(paired, steady)}")
+            print(f"steady / empty, against the first rounds (an emptier broker, earlier): {ratios(empty, steady)}")
     if peer is not None:
         if steady is not None and grown is not None:
-            print_peer(
-                steady, f"{steady['rollouts']:,} new on a lake of {grown['rollouts'] - steady['rollouts']:,}", peer
-            )
+            on = grown["rollouts"] - steady["rollouts"]
+            print_peer(steady, f"{steady['rollouts']:,.0f} new on a lake of {on:,.0f}", peer)
         else:
             print_peer(rounds[-1], f"the last round, {last['rollouts']:,} onto an empty lake", peer)
+
+
+def same_broker_topics(kafka: KafkaSettings, name: str) -> KafkaSettings:
+    """Fresh span and reward topics beside ``kafka``'s, on the same broker."""
+    from agentlake.stack.broker import ensure_topics
+
+    other = kafka.model_copy(
+        update={"spans_topic": f"{kafka.spans_topic}.{name}", "rewards_topic": f"{kafka.rewards_topic}.{name}"}
+    )
+    ensure_topics(other, other.bootstrap_servers, [other.spans_topic, other.rewards_topic])
+    return other
+
+
+def ratios(empty: dict[str, Any], steady: dict[str, Any]) -> str:
+    """The steady round's time and peak RSS over the empty lake's, for the gold steps and ingestion."""
+    return (
+        f"gold time {empty['roll_s'] / steady['roll_s']:.2f}x, "
+        f"gold peak RSS {steady['gold_rss_mb'] / empty['gold_rss_mb']:.2f}x; "
+        f"ingest time {empty['spans_s'] / steady['spans_s']:.2f}x, "
+        f"ingest peak RSS {steady['ingest_rss_mb'] / empty['ingest_rss_mb']:.2f}x"
+    )
 
 
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
