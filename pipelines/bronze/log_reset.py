@@ -81,14 +81,18 @@ def _probe(
 
 
 def log_ends(consumer: Any, topic: str, parts: list[int], timeout_s: float) -> dict[int, int]:
-    """Each partition's end (high watermark) as the broker reports it; a partition it does not answer for
-    within ``timeout_s`` is left out."""
+    """Each partition's end (high watermark) as the broker reports it within ``timeout_s`` in all; a
+    partition it does not answer for in that time is left out."""
     from confluent_kafka import KafkaException, TopicPartition
 
     ends: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
     for p in parts:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
         try:
-            _, ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            _, ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=left)
         except KafkaException:
             continue
     return ends
