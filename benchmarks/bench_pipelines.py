@@ -34,6 +34,7 @@ import argparse
 import functools
 import multiprocessing as mp
 import os
+import queue
 import random
 import resource
 import shutil
@@ -41,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,7 +72,11 @@ def _rss_mb() -> float:
 
 def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
     start = _rss_mb()  # what the process starts from (the preloaded imports): the work's own memory is above it
-    out = fn()
+    try:
+        out = fn()
+    except BaseException:
+        q.put({"error": traceback.format_exc()})  # the parent raises it: a failed phase never leaves it waiting
+        raise
     out["start_rss_mb"] = start
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # ingest's decoder processes are the child's own children: their largest peak, reported apart
@@ -103,8 +109,16 @@ def in_child(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     q = ctx.Queue()
     p = ctx.Process(target=_child, args=(fn, q))
     p.start()
-    out = q.get()
+    while True:
+        try:
+            out = q.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if not p.is_alive() and q.empty():
+                raise RuntimeError(f"a benchmark phase's process died (exit code {p.exitcode})") from None
     p.join()
+    if "error" in out:
+        raise RuntimeError(f"a benchmark phase failed in its process:\n{out['error']}")
     return out
 
 
